@@ -1,0 +1,190 @@
+"""Apply the series to the base wheel: patched files, version stamp, provenance, packed wheel."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pprint
+import re
+import subprocess
+import tempfile
+import zipfile
+from pathlib import Path
+
+from . import rawzip
+from .basewheel import BaseWheel
+from .series import Patch, Series
+
+# Bump when the layout of what `build` writes changes, so that cached wheels are rebuilt.
+BUILD_FORMAT = 1
+PROVENANCE = "torch/_symfix.py"
+
+
+class PatchFailed(Exception):
+    """A patch of the series does not apply to the base wheel's files."""
+
+
+def stamped_version(base_version: str, label: str) -> str:
+    """PEP 440 local version keeping the base's label: 2.13.0+cpu -> 2.13.0+cpu.symfix1."""
+    return f"{base_version}.{label}" if "+" in base_version else f"{base_version}+{label}"
+
+
+def build_key(series: Series, base: BaseWheel) -> str:
+    inputs = {"format": BUILD_FORMAT, "base": base.sha256,
+              "patches": [[p.name, p.sha256] for p in series.patches]}
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+def output_name(base: BaseWheel, version: str) -> str:
+    return base.path.name.replace(f"torch-{base.version}-", f"torch-{version}-", 1)
+
+
+def read_provenance(wheel: Path) -> dict | None:
+    """The provenance record of a wheel made by symfix, or None if it is not one."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            text = zf.read(PROVENANCE).decode()
+    except (OSError, KeyError, zipfile.BadZipFile):
+        return None
+    scope: dict = {}
+    exec(compile(text, PROVENANCE, "exec"), scope)  # our own generated, literal-only module
+    return {k: v for k, v in scope.items() if k.isupper()}
+
+
+def provenance_module(series: Series, base: BaseWheel, version: str, key: str) -> bytes:
+    patches = []
+    for p in series.patches:
+        fix = series.fix_for(p)
+        patches.append({
+            "id": fix.id, "patch": p.name, "sha256": p.sha256, "subject": p.subject,
+            "upstream": p.origin_pr, "fixes": list(fix.fixes), "status": fix.status,
+            "files": [c.path for c in p.changes],
+        })
+    fields = {
+        "VERSION": version,
+        "BASE": {"version": base.version, "git_version": series.base["commit"],
+                 "tag": series.base["tag"], "wheel": base.path.name, "sha256": base.sha256},
+        "PATCHES": patches,
+        "BUILD_KEY": key,
+    }
+    body = "\n".join(f"{k} = {pprint.pformat(v, sort_dicts=False, width=96)}"
+                     for k, v in fields.items())
+    return (
+        '"""Provenance of this torch build, written by symfix (do not edit).\n\n'
+        "The official wheel it was made from (BASE) and the symfix patches applied to it, in\n"
+        'order (PATCHES). See https://github.com/pytorch/pytorch/pull/<upstream> for each fix.\n"""\n\n'
+        f"{body}\n"
+    ).encode()
+
+
+def _failing_hunk(patch: Patch, stderr: str) -> str:
+    m = re.search(r"patch failed: (\S+):(\d+)", stderr)
+    if m:
+        for change in patch.changes:
+            if change.path == m.group(1):
+                for hunk in change.hunks:
+                    if hunk.startswith(f"@@ -{m.group(2)},"):
+                        return f"{change.path}: hunk {hunk}"
+        return f"{m.group(1)}:{m.group(2)}"
+    lines = stderr.strip().splitlines()
+    return lines[-1] if lines else "git apply failed"
+
+
+def apply_series(series: Series, files: dict[str, bytes], say=print) -> dict[str, bytes | None]:
+    """Apply every patch with ``git apply`` (exact context, no fuzz) to ``files`` (path -> bytes).
+
+    Returns the files after the series; None for a file the series deletes.
+    """
+    with tempfile.TemporaryDirectory(prefix="symfix-apply-") as tmp:
+        for path, data in files.items():
+            dest = Path(tmp, path)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
+        # Keep git from finding a repository above the scratch directory.
+        env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(Path(tmp).parent)}
+        for patch in series.patches:
+            proc = subprocess.run(
+                ["git", "apply", "--whitespace=nowarn", str(patch.path)],
+                cwd=tmp, env=env, capture_output=True, text=True)
+            if proc.returncode:
+                raise PatchFailed(f"patch {patch.name} does not apply: "
+                                  f"{_failing_hunk(patch, proc.stderr)}")
+            say(patch)
+        return {path: Path(tmp, path).read_bytes() if Path(tmp, path).exists() else None
+                for path in {c.path for p in series.patches for c in p.changes}}
+
+
+def build(series: Series, base: BaseWheel, dist: Path, say=print) -> tuple[Path, bool]:
+    """Build the patched wheel into ``dist``; returns (path, reused an up-to-date build)."""
+    version = stamped_version(base.version, series.label)
+    key = build_key(series, base)
+    out = dist / output_name(base, version)
+    if out.is_file() and (read_provenance(out) or {}).get("BUILD_KEY") == key:
+        return out, True
+
+    dist_info = f"torch-{version}.dist-info"
+    with zipfile.ZipFile(base.path) as zf:
+        infos = zf.infolist()
+        by_name = {i.filename: i for i in infos}
+        touched = {path: zf.read(path) for path in series.touched_files() if path in by_name}
+        changed = apply_series(series, touched, say)
+
+        version_py = zf.read("torch/version.py").decode()
+        stamped, n = re.subn(r"^__version__ = '[^']*'$", f"__version__ = '{version}'",
+                             version_py, flags=re.M)
+        if n != 1:
+            raise PatchFailed("torch/version.py: cannot find the __version__ line to stamp")
+        changed["torch/version.py"] = stamped.encode()
+        changed[PROVENANCE] = provenance_module(series, base, version, key)
+        metadata_name = f"{base.dist_info}/METADATA"
+        metadata, n = re.subn(r"^Version: .*$", f"Version: {version}",
+                              zf.read(metadata_name).decode(), count=1, flags=re.M)
+        changed[metadata_name] = metadata.encode()
+
+        def renamed(name: str) -> str:
+            if name.startswith(base.dist_info + "/"):
+                return dist_info + name[len(base.dist_info):]
+            return name
+
+        record_rows = []
+
+        def members():
+            version_info = by_name["torch/version.py"]
+            added = [p for p in changed if p not in by_name and changed[p] is not None]
+            for info in infos:
+                name = info.filename
+                if name == f"{base.dist_info}/RECORD":
+                    continue
+                if name.startswith(base.dist_info + "/") and added:
+                    # New files (the provenance module, files a patch adds) go before dist-info.
+                    for path in sorted(added):
+                        record_rows.append((path, rawzip.record_hash(changed[path]),
+                                            str(len(changed[path]))))
+                        yield rawzip.new_member(path, changed[path], version_info)
+                    added = []
+                if name in changed:
+                    data = changed[name]
+                    if data is None:  # deleted by a patch
+                        continue
+                    record_rows.append((renamed(name), rawzip.record_hash(data), str(len(data))))
+                    yield rawzip.new_member(renamed(name), data, info)
+                else:
+                    record_rows.append((renamed(name), *base.record[name]))
+                    yield rawzip.raw_member(zf, info, renamed(name))
+            record_rows.append((f"{dist_info}/RECORD", "", ""))
+            yield rawzip.new_member(f"{dist_info}/RECORD", rawzip.record_text(record_rows),
+                                    by_name[f"{base.dist_info}/RECORD"])
+
+        dist.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=dist)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                rawzip.write(f, members())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, out)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    return out, False

@@ -1,0 +1,238 @@
+"""The verbs of tools/symfix.py."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import basewheel, build, envs, matrix, series
+from .basewheel import Refused
+from .build import PatchFailed
+from .envs import EnvError
+from .series import ROOT, SeriesError
+
+CACHE = ROOT / ".symfix" / "cache"
+DIST = ROOT / "dist"
+VENV = ROOT / ".venv"
+TABLE_BEGIN, TABLE_END = "<!-- series-table: begin -->", "<!-- series-table: end -->"
+
+
+class Step:
+    """Prints one aligned progress line per step, with its duration."""
+
+    def __init__(self, name: str):
+        self.name, self.t0 = name, time.monotonic()
+
+    def done(self, text: str, status: str = "ok") -> None:
+        secs = time.monotonic() - self.t0
+        print(f"{self.name:<7} {text:<78} {status:>4} {secs:6.1f}s", flush=True)
+
+
+def rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def sha256_short(path: Path) -> str:
+    return basewheel.sha256_file(path)[:12]
+
+
+def load_series() -> series.Series:
+    step = Step("series")
+    s = series.load()
+    step.done(f"{len(s.patches)} patches, {len(s.fixes)} fixes, base {s.base['tag']} "
+              f"({s.base['commit'][:8]})")
+    return s
+
+
+def base_wheel(s: series.Series, path: str | None) -> basewheel.BaseWheel:
+    step = Step("base")
+    wheel = Path(path) if path else basewheel.fetch(s.base["requirement"], CACHE / "base")
+    base = basewheel.verify(wheel, s)
+    how = "sha256 known" if base.known else "every member checked against RECORD"
+    step.done(f"{wheel.name}  {base.sha256[:12]}… ({how})")
+    return base
+
+
+def build_wheel(s: series.Series, base: basewheel.BaseWheel, dist: Path) -> Path:
+    step = Step("apply")
+
+    def applied(patch):
+        fix = s.fix_for(patch)
+        print(f"        {patch.name[:4]} {fix.id:<28} "
+              f"{', '.join(c.path for c in patch.changes)}", flush=True)
+
+    out, reused = build.build(s, base, dist, say=applied)
+    if reused:
+        step.done(f"{rel(out)} up to date (same base and patches)", "kept")
+    else:
+        step.done(f"{rel(out)}  sha256 {sha256_short(out)}…", "pack")
+    for old in dist.glob("torch-*.whl"):  # one wheel in dist/: `pip install dist/*.whl` works
+        if old != out and build.read_provenance(old) is not None:
+            old.unlink()
+    return out
+
+
+def install(role: str, spec: str, key: str, link: Path | None = None) -> Path:
+    step = Step("venv")
+    path = envs.ensure(role, spec, key, link)
+    version = subprocess.run(
+        [str(envs.python_of(path)), "-c", "import torch; print(torch.__version__)"],
+        capture_output=True, text=True).stdout.strip()
+    step.done(f"{rel(path)}  (torch {version or '?'})")
+    return path
+
+
+def cmd_wheel(args) -> int:
+    s = load_series()
+    base = base_wheel(s, args.wheel)
+    out = build_wheel(s, base, Path(args.dist))
+    if not args.no_venv:
+        install("patched", str(out), basewheel.sha256_file(out), VENV)
+        print("done. `. .venv/bin/activate` and `import torch` gives the patched build.")
+    return 0
+
+
+def cmd_test(args) -> int:
+    s = load_series()
+    base = base_wheel(s, args.wheel)
+    out = build_wheel(s, base, DIST)
+    pythons: dict[str, Path | str] = {
+        "stock": install("stock", str(base.path), base.sha256),
+        "patched": install("patched", str(out), basewheel.sha256_file(out), VENV),
+    }
+    if args.upstream:
+        ok, free, need = envs.has_room("upstream")
+        req = s.upstream["requirement"]
+        if ok:
+            pythons["upstream"] = install("upstream", req, req)
+        else:
+            pythons["upstream"] = f"only {free:.1f} GB free, {req} needs {need:.0f} GB"
+            print(f"\n!!! SKIPPED upstream ({req}): {pythons['upstream']} !!!\n", flush=True)
+
+    ids = matrix.all_test_ids(s)
+    results: dict[str, dict[str, str] | str] = {}
+    for role, env in pythons.items():
+        if isinstance(env, str):
+            results[role] = env
+            continue
+        step = Step("tests")
+        log = ROOT / ".symfix" / "logs" / f"matrix-{role}.log"
+        results[role] = matrix.run_tests(envs.python_of(env), ids, log)
+        step.done(f"{len(ids)} fix tests on {role}  (log: {rel(log)})", "run")
+    text, problems = matrix.table(s, results)
+    print("\n" + text + "\n")
+    for p in problems:
+        print(f"  ✗ {p}")
+    print(f"{len(s.fixes)} fixes: " + (f"{len(problems)} problems" if problems
+                                         else "all as expected"))
+
+    step = Step("suite")
+    log = ROOT / ".symfix" / "logs" / "suite-patched.log"
+    env = {**os.environ, "SYMFIX_BASE_WHEEL": str(base.path)}
+    with open(log, "w") as f:
+        rc = subprocess.run([str(envs.python_of(VENV)), "-m", "pytest", "-q", "test"],
+                            cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+    summary = (log.read_text().strip().splitlines() or ["no output"])[-1]
+    step.done(f"pytest test/ on patched: {summary.strip('= ')}  (log: {rel(log)})",
+              "ok" if rc == 0 else "FAIL")
+    if rc:
+        print(log.read_text()[-4000:])
+    return 1 if problems or rc else 0
+
+
+def cmd_status(args) -> int:
+    s = series.load()
+    python = Path(args.python or shutil.which("python3") or sys.executable)
+    probe = subprocess.run(
+        [str(python), "-c", "import torch, importlib.util as u; print(torch.__version__);"
+         "print(len(__import__('torch._symfix').PATCHES) if u.find_spec('torch._symfix') "
+         "else 0)"], capture_output=True, text=True)
+    if probe.returncode:
+        print(f"symfix: {python} cannot import torch", file=sys.stderr)
+        return 2
+    version, patches = probe.stdout.split()
+    print(f"torch {version} at {python}" + (f" (symfix build, {patches} patches)"
+                                             if int(patches) else ""))
+    log = ROOT / ".symfix" / "logs" / "status.log"
+    outcomes = matrix.run_tests(python, matrix.all_test_ids(s), log)
+    if all(v == "missing" for v in outcomes.values()):
+        print(f"symfix: no test ran; does {python} have pytest, expecttest, hypothesis? "
+              f"(log: {rel(log)})", file=sys.stderr)
+        return 2
+    lacking = 0
+    for fix in s.fixes:
+        proofs = [outcomes[t] for t in fix.proof]
+        guards = [outcomes[t] for t in fix.guard]
+        if proofs and all(o == matrix.PASS for o in proofs):
+            verdict = "has"
+        elif proofs and all(o == matrix.FAIL for o in proofs):
+            verdict, lacking = "lacks", lacking + 1
+        else:
+            verdict, lacking = "partial", lacking + 1
+        if any(o != matrix.PASS for o in guards):
+            verdict += " (a guard test fails)"
+        prs = ", ".join(f"#{n}" for n in fix.upstream)
+        print(f"  {fix.id:<30} {prs:<18} {verdict}")
+    print(f"{len(s.fixes) - lacking} of {len(s.fixes)} fixes present"
+          + (f"; `python3 tools/symfix.py wheel` builds a torch with all" if lacking else ""))
+    return 0
+
+
+def series_table(s: series.Series) -> str:
+    rows = ["| fix | upstream | fixes | component | status | patch |", "|---|---|---|---|---|---|"]
+    for f in s.fixes:
+        prs = ", ".join(f"[#{n}](https://github.com/pytorch/pytorch/pull/{n})" for n in f.upstream)
+        bugs = ", ".join(f"#{b}" if isinstance(b, int) else str(b) for b in f.fixes)
+        patch = f"`{f.patch}`" if f.patch else "–"
+        rows.append(f"| {f.title} | {prs} | {bugs} | {f.component} | {f.status} | {patch} |")
+    return "\n".join(rows)
+
+
+def cmd_table(args) -> int:
+    table = series_table(series.load())
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    head, rest = text.split(TABLE_BEGIN, 1)
+    current = rest.split(TABLE_END, 1)[0].strip()
+    if args.check:
+        if current != table:
+            print("README.md's series table is stale: run `python3 tools/symfix.py table`")
+            return 1
+        return 0
+    readme.write_text(f"{head}{TABLE_BEGIN}\n{table}\n{TABLE_END}{rest.split(TABLE_END, 1)[1]}")
+    print(table)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="symfix.py", description=__doc__)
+    sub = p.add_subparsers(dest="verb", required=True)
+    w = sub.add_parser("wheel", help="build the patched wheel into dist/ and install it in .venv/")
+    w.add_argument("--wheel", help="base torch 2.13.0 wheel (default: ask pip for torch==2.13.0)")
+    w.add_argument("--dist", default=str(DIST), help="output directory (default: dist/)")
+    w.add_argument("--no-venv", action="store_true", help="only build, do not install")
+    t = sub.add_parser("test", help="regression matrix and test suite")
+    t.add_argument("--wheel", help="base torch 2.13.0 wheel (default: ask pip)")
+    t.add_argument("--upstream", action="store_true", help="also test upstream torch (oracle)")
+    st = sub.add_parser("status", help="which fixes a torch install has")
+    st.add_argument("--python", help="interpreter of that install (default: python3 on PATH)")
+    tb = sub.add_parser("table", help="write the series table into README.md")
+    tb.add_argument("--check", action="store_true", help="only check that it is current")
+    args = p.parse_args(argv)
+    try:
+        return {"wheel": cmd_wheel, "test": cmd_test, "status": cmd_status,
+                "table": cmd_table}[args.verb](args)
+    except Refused as e:
+        print(f"symfix: refusing {e}", file=sys.stderr)
+        return 2
+    except (PatchFailed, SeriesError, EnvError) as e:
+        print(f"symfix: {e}", file=sys.stderr)
+        return 1

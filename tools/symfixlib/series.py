@@ -1,0 +1,149 @@
+"""The series: patches/series (apply order), patches/manifest.toml (every fix), the patch mails."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tomllib
+from dataclasses import dataclass, field
+from email.parser import BytesHeaderParser
+from pathlib import Path
+
+import unidiff
+
+ROOT = Path(__file__).resolve().parents[2]
+STATUSES = ("patch", "original", "in-base", "pending")  # the first two carry a patch
+
+
+class SeriesError(Exception):
+    """The series or the manifest is inconsistent."""
+
+
+@dataclass(frozen=True)
+class FileChange:
+    path: str  # relative to the PyTorch root, e.g. torch/fx/graph.py
+    pre_blob: str  # git blob id of the file before the patch ("0"*40 for a new file)
+    post_blob: str
+    hunks: tuple[str, ...]  # "@@ -720,8 +720,12 @@ def rebind_unbacked(" per hunk
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    path: Path
+    sha256: str
+    subject: str
+    trailers: dict[str, str]
+    changes: tuple[FileChange, ...]
+
+    @property
+    def origin_pr(self) -> int | None:
+        m = re.search(r"/pull/(\d+)", self.trailers.get("Origin", ""))
+        return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class Fix:
+    id: str
+    title: str
+    upstream: tuple[int, ...]
+    fixes: tuple[int | str, ...]
+    component: str
+    status: str
+    files: tuple[str, ...] = ()
+    patch: str | None = None
+    proof: tuple[str, ...] = ()
+    guard: tuple[str, ...] = ()
+    control: str | None = None
+    note: str = ""
+
+    @property
+    def tests(self) -> tuple[str, ...]:
+        return self.proof + self.guard
+
+
+@dataclass
+class Series:
+    root: Path
+    base: dict
+    upstream: dict
+    fixes: list[Fix]
+    patches: list[Patch] = field(default_factory=list)  # in apply order
+
+    def fix_for(self, patch: Patch) -> Fix:
+        return next(f for f in self.fixes if f.patch == patch.name)
+
+    @property
+    def label(self) -> str:
+        """Local version label of a build, e.g. ``symfix1``."""
+        return f"{self.base['label']}{len(self.patches)}"
+
+    def touched_files(self) -> dict[str, str]:
+        """Each file the series touches -> its blob id in the base (pre-image of its first patch)."""
+        first: dict[str, str] = {}
+        for p in self.patches:
+            for c in p.changes:
+                first.setdefault(c.path, c.pre_blob)
+        return first
+
+
+def git_blob_id(data: bytes) -> str:
+    """The id git gives ``data`` as a blob (what a patch's ``index`` line records)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def read_patch(path: Path) -> Patch:
+    raw = path.read_bytes()
+    headers = BytesHeaderParser().parsebytes(raw)
+    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", " ".join(str(headers["Subject"] or "").split()))
+    if not subject:
+        raise SeriesError(f"{path.name}: not a git format-patch mail (no Subject)")
+    body = raw.decode().split("\n\n", 1)[1].split("\n---\n", 1)[0]  # commit message body
+    trailers = dict(re.findall(r"^([A-Z][A-Za-z-]+): (.+)$", body, re.M))
+    changes = []
+    for pf in unidiff.PatchSet(raw.decode()):
+        m = re.search(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)", str(pf.patch_info), re.M)
+        if not m or len(m.group(1)) != 40:
+            raise SeriesError(f"{path.name}: {pf.path} has no full blob ids (use --full-index)")
+        hunks = tuple(
+            f"@@ -{h.source_start},{h.source_length} +{h.target_start},{h.target_length} @@"
+            f" {h.section_header}".rstrip()
+            for h in pf
+        )
+        changes.append(FileChange(pf.path, m.group(1), m.group(2), hunks))
+    if not changes:
+        raise SeriesError(f"{path.name}: holds no diff")
+    return Patch(path.name, path, hashlib.sha256(raw).hexdigest(), subject, trailers,
+                 tuple(changes))
+
+
+def load(root: Path = ROOT) -> Series:
+    pdir = root / "patches"
+    manifest = tomllib.loads((pdir / "manifest.toml").read_text())
+    fixes = []
+    for row in manifest["fix"]:
+        row = {k: tuple(v) if isinstance(v, list) else v for k, v in row.items()}
+        fixes.append(Fix(**row))
+    series = Series(root, manifest["base"], manifest["upstream"], fixes)
+
+    names = [ln.strip() for ln in (pdir / "series").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    ids = [f.id for f in fixes]
+    if len(set(ids)) != len(ids):
+        raise SeriesError("manifest: duplicate fix ids")
+    for f in fixes:
+        if f.status not in STATUSES:
+            raise SeriesError(f"manifest: {f.id}: unknown status {f.status!r}")
+        if (f.status in STATUSES[:2]) != (f.patch is not None):
+            raise SeriesError(f"manifest: {f.id}: status {f.status} "
+                              + ("carries a patch" if f.patch else "names no patch"))
+        if f.patch and f.patch not in names:
+            raise SeriesError(f"manifest: {f.id}: {f.patch} is not in patches/series")
+    carried = {f.patch for f in fixes if f.patch}
+    for name in names:
+        if name not in carried:
+            raise SeriesError(f"patches/series: {name} belongs to no fix of the manifest")
+        if not (pdir / name).is_file():
+            raise SeriesError(f"patches/series: {name} does not exist")
+        series.patches.append(read_patch(pdir / name))
+    return series
