@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -47,9 +48,8 @@ def read_provenance(wheel: Path) -> dict | None:
             text = zf.read(PROVENANCE).decode()
     except (OSError, KeyError, zipfile.BadZipFile):
         return None
-    scope: dict = {}
-    exec(compile(text, PROVENANCE, "exec"), scope)  # our own generated, literal-only module
-    return {k: v for k, v in scope.items() if k.isupper()}
+    return {node.targets[0].id: ast.literal_eval(node.value)
+            for node in ast.parse(text).body if isinstance(node, ast.Assign)}
 
 
 def provenance_module(series: Series, base: BaseWheel, version: str, key: str) -> bytes:

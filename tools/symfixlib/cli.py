@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 from . import basewheel, build, envs, matrix, series
@@ -152,9 +153,9 @@ def cmd_status(args) -> int:
     s = series.load()
     python = Path(args.python or shutil.which("python3") or sys.executable)
     probe = subprocess.run(
-        [str(python), "-c", "import torch, importlib.util as u; print(torch.__version__);"
-         "print(len(__import__('torch._symfix').PATCHES) if u.find_spec('torch._symfix') "
-         "else 0)"], capture_output=True, text=True)
+        [str(python), "-c", "import importlib, importlib.util as u, torch; print(torch.__version__);"
+         "print(len(importlib.import_module('torch._symfix').PATCHES) "
+         "if u.find_spec('torch._symfix') else 0)"], capture_output=True, text=True)
     if probe.returncode:
         print(f"symfix: {python} cannot import torch", file=sys.stderr)
         return 2
@@ -167,13 +168,15 @@ def cmd_status(args) -> int:
         print(f"symfix: no test ran; does {python} have pytest, expecttest, hypothesis? "
               f"(log: {rel(log)})", file=sys.stderr)
         return 2
-    lacking = 0
+    lacking = untested = 0
     for fix in s.fixes:
         proofs = [outcomes[t] for t in fix.proof]
         guards = [outcomes[t] for t in fix.guard]
-        if proofs and all(o == matrix.PASS for o in proofs):
+        if not fix.tests:
+            verdict, untested = "no tests yet", untested + 1
+        elif proofs and all(o == matrix.PASS for o in proofs):
             verdict = "has"
-        elif proofs and all(o == matrix.FAIL for o in proofs):
+        elif all(o == matrix.FAIL for o in proofs):
             verdict, lacking = "lacks", lacking + 1
         else:
             verdict, lacking = "partial", lacking + 1
@@ -181,8 +184,36 @@ def cmd_status(args) -> int:
             verdict += " (a guard test fails)"
         prs = ", ".join(f"#{n}" for n in fix.upstream)
         print(f"  {fix.id:<30} {prs:<18} {verdict}")
-    print(f"{len(s.fixes) - lacking} of {len(s.fixes)} fixes present"
+    print(f"{len(s.fixes) - lacking - untested} of {len(s.fixes) - untested} tested fixes present"
           + (f"; `python3 tools/symfix.py wheel` builds a torch with all" if lacking else ""))
+    return 0
+
+
+def cmd_worktree(args) -> int:
+    """A git repo of the base wheel's Python files with the series applied, one commit a patch."""
+    s = load_series()
+    base = base_wheel(s, args.wheel)
+    step = Step("tree")
+    dest = Path(args.dir)
+    if dest.exists() and any(dest.iterdir()):
+        raise Refused(f"worktree {dest}: exists and is not empty")
+    dest.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(base.path) as zf:
+        for info in zf.infolist():
+            if info.filename.startswith("torch/") and info.filename.endswith(".py"):
+                zf.extract(info, dest)
+    ident = ["-c", "user.name=symfix", "-c", "user.email=symfix@users.noreply.github.com"]
+
+    def git(*cmd):
+        subprocess.run(["git", *ident, *cmd], cwd=dest, check=True, capture_output=True)
+
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-q", "-m", f"PyTorch {s.base['tag']} Python files (from {base.path.name})",
+        "-m", f"git_version {s.base['commit']}")
+    git("tag", s.base["tag"])
+    git("am", "-q", "--keep-cr", "--keep-non-patch", *[str(p.path) for p in s.patches])
+    step.done(f"{dest}: {s.base['tag']} + {len(s.patches)} commits")
     return 0
 
 
@@ -224,12 +255,16 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--upstream", action="store_true", help="also test upstream torch (oracle)")
     st = sub.add_parser("status", help="which fixes a torch install has")
     st.add_argument("--python", help="interpreter of that install (default: python3 on PATH)")
+    wt = sub.add_parser("worktree", help="git repo of the base Python files + the series, to "
+                        "write a patch in")
+    wt.add_argument("dir")
+    wt.add_argument("--wheel", help="base torch 2.13.0 wheel (default: ask pip)")
     tb = sub.add_parser("table", help="write the series table into README.md")
     tb.add_argument("--check", action="store_true", help="only check that it is current")
     args = p.parse_args(argv)
     try:
         return {"wheel": cmd_wheel, "test": cmd_test, "status": cmd_status,
-                "table": cmd_table}[args.verb](args)
+                "table": cmd_table, "worktree": cmd_worktree}[args.verb](args)
     except Refused as e:
         print(f"symfix: refusing {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,227 @@
+# Owner(s): ["module: ci"]
+"""Tests of `tools/symfix.py wheel`: base verification, patching, version stamp, provenance, packing.
+
+They work on miniature torch wheels made from the real 2.13.0 wheel's files at test time (the files
+the series touches, torch/version.py, the dist-info), so each build takes milliseconds; one test
+builds from the real wheel.
+"""
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from hypothesis import given, strategies as st
+from packaging.version import Version
+from wheel.wheelfile import WheelFile
+
+from torch.testing._internal.common_utils import run_tests, TestCase
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+
+from symfixlib import basewheel, build, series  # noqa: E402
+from symfixlib.series import git_blob_id  # noqa: E402
+
+SERIES = series.load()
+MINI = "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl"  # not a known file name: checked by RECORD
+
+
+def real_base_wheel() -> Path:
+    """The official 2.13.0 wheel: where `symfix.py test` says, else from pip like the tool."""
+    if path := os.environ.get("SYMFIX_BASE_WHEEL"):
+        return Path(path)
+    return basewheel.fetch(SERIES.base["requirement"], ROOT / ".symfix" / "cache" / "base")
+
+
+def base_members(names) -> dict[str, bytes]:
+    with zipfile.ZipFile(real_base_wheel()) as zf:
+        return {n: zf.read(n) for n in names}
+
+
+def make_wheel(path: Path, files: dict[str, bytes]) -> Path:
+    """A wheel of ``files`` with a correct RECORD (the wheel library writes it)."""
+    with WheelFile(path, "w") as wf:
+        for name, data in sorted(files.items()):
+            wf.writestr(zipfile.ZipInfo(name, (2026, 7, 3, 22, 22, 46)), data)
+    return path
+
+
+def mini_files(dist_info="torch-2.13.0+cpu.dist-info") -> dict[str, bytes]:
+    names = [*SERIES.touched_files(), "torch/version.py", "torch/__init__.py",
+             "torch-2.13.0+cpu.dist-info/METADATA", "torch-2.13.0+cpu.dist-info/WHEEL"]
+    files = base_members(names)
+    return {n.replace("torch-2.13.0+cpu.dist-info", dist_info): d for n, d in files.items()}
+
+
+def symfix(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "symfix.py"), *args],
+                          capture_output=True, text=True, cwd=ROOT)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class TestBaseVerification(TestCase):
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="symfix-test-"))
+        self.addCleanup(shutil.rmtree, self.tmp)
+        self.dist = self.tmp / "dist"
+
+    def assertRefused(self, wheel: Path, reason: str):
+        proc = symfix("wheel", "--wheel", str(wheel), "--dist", str(self.dist), "--no-venv")
+        self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, proc.stderr)
+        self.assertRegex(lines[0], rf"^symfix: refusing base wheel {re.escape(wheel.name)}: .*{reason}")
+        self.assertFalse(self.dist.exists() and any(self.dist.iterdir()), "dist/ not empty")
+
+    def test_accepts_untouched_wheel(self):
+        wheel = make_wheel(self.tmp / MINI, mini_files())
+        base = basewheel.verify(wheel, SERIES)
+        self.assertFalse(base.known)
+        self.assertEqual(base.version, "2.13.0+cpu")
+
+    def test_refuses_other_release(self):
+        files = mini_files("torch-2.14.1.dist-info")
+        files["torch/version.py"] = files["torch/version.py"].replace(b"2.13.0+cpu", b"2.14.1")
+        wheel = make_wheel(self.tmp / "torch-2.14.1-cp311-cp311-linux_x86_64.whl", files)
+        self.assertRefused(wheel, "torch 2.14.1 is not the series base torch 2.13.0")
+
+    def test_refuses_truncated_wheel(self):
+        (self.tmp / "good").mkdir()
+        data = make_wheel(self.tmp / "good" / MINI, mini_files()).read_bytes()
+        (self.tmp / MINI).write_bytes(data[: len(data) // 2])
+        self.assertRefused(self.tmp / MINI, "not a readable zip")
+
+    def test_refuses_corrupt_member(self):
+        wheel = make_wheel(self.tmp / MINI, mini_files())
+        data = bytearray(wheel.read_bytes())
+        with zipfile.ZipFile(wheel) as zf:
+            info = zf.getinfo("torch/__init__.py")
+        data[info.header_offset + 100] ^= 0xFF  # inside the compressed stream
+        wheel.write_bytes(bytes(data))
+        self.assertRefused(wheel, "Bad CRC-32 for file 'torch/__init__.py'")
+
+    def test_refuses_touched_file_behind_record(self):
+        # A member changed after the wheel was built: its RECORD hash no longer matches.
+        wheel = make_wheel(self.tmp / MINI, mini_files())
+        with zipfile.ZipFile(wheel) as zf:
+            members = {i.filename: zf.read(i) for i in zf.infolist()}
+        members["torch/__init__.py"] += b"\n# touched\n"
+        with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+            for name, data in members.items():
+                zf.writestr(name, data)
+        self.assertRefused(wheel, "[Hh]ash mismatch")
+
+    def test_refuses_touched_file_with_consistent_record(self):
+        # A rebuilt wheel whose RECORD is consistent but whose patched file is not v2.13.0's.
+        files = mini_files()
+        (path,) = [p for p in SERIES.touched_files() if p.endswith("symbolic_shapes.py")]
+        files[path] += b"\n# local change\n"
+        wheel = make_wheel(self.tmp / MINI, files)
+        self.assertRefused(wheel, f"{path} is not the v2.13.0 file")
+
+    def test_refuses_wrong_commit(self):
+        files = mini_files()
+        files["torch/version.py"] = files["torch/version.py"].replace(
+            SERIES.base["commit"].encode(), b"0" * 40)
+        self.assertRefused(make_wheel(self.tmp / MINI, files), "built from 0000")
+
+    def test_refuses_known_name_with_other_bytes(self):
+        (name,) = SERIES.base["known-wheels"]
+        self.assertRefused(make_wheel(self.tmp / name, mini_files()), "is not the published")
+
+
+class TestBuild(TestCase):
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="symfix-test-"))
+        self.addCleanup(shutil.rmtree, self.tmp)
+        self.base = basewheel.verify(make_wheel(self.tmp / MINI, mini_files()), SERIES)
+
+    def build(self, dist="dist", s=SERIES):
+        return build.build(s, self.base, self.tmp / dist, say=lambda patch: None)
+
+    def test_patched_wheel_is_valid_and_labelled(self):
+        out, reused = self.build()
+        self.assertFalse(reused)
+        version = f"2.13.0+cpu.{SERIES.label}"
+        self.assertEqual(out.name, f"torch-{version}-cp311-cp311-linux_x86_64.whl")
+        with WheelFile(out) as wf:  # reading every member checks it against RECORD
+            names = wf.namelist()
+            contents = {n: wf.read(n) for n in names}
+        self.assertIn(f"__version__ = '{version}'", contents["torch/version.py"].decode())
+        self.assertIn(f"\nVersion: {version}\n",
+                      contents[f"torch-{version}.dist-info/METADATA"].decode())
+        self.assertFalse([n for n in names if n.startswith("torch-2.13.0+cpu.dist-info")])
+        for patch in SERIES.patches:
+            for change in patch.changes:
+                post = [c.post_blob for p in SERIES.patches for c in p.changes
+                        if c.path == change.path][-1]
+                self.assertEqual(git_blob_id(contents[change.path]), post)
+
+    def test_provenance(self):
+        out, _ = self.build()
+        prov = build.read_provenance(out)
+        self.assertEqual(prov["BASE"]["sha256"], self.base.sha256)
+        self.assertEqual(prov["BASE"]["git_version"], SERIES.base["commit"])
+        self.assertEqual([p["patch"] for p in prov["PATCHES"]], [p.name for p in SERIES.patches])
+        self.assertIn(183837, [p["upstream"] for p in prov["PATCHES"]])
+        for entry, patch in zip(prov["PATCHES"], SERIES.patches):
+            self.assertEqual(entry["sha256"], hashlib.sha256(patch.path.read_bytes()).hexdigest())
+
+    def test_reproducible_and_reused(self):
+        first, _ = self.build("a")
+        second, _ = self.build("b")
+        self.assertEqual(sha256(first), sha256(second))
+        again, reused = self.build("a")
+        self.assertTrue(reused)
+        self.assertEqual(again, first)
+
+    def test_patch_that_does_not_apply(self):
+        root = self.tmp / "series"
+        shutil.copytree(ROOT / "patches", root / "patches")
+        patch = root / "patches" / SERIES.patches[0].name
+        text = patch.read_text()
+        # Break one context line of the first hunk (keeping the pre-image blob ids).
+        hunk_start = text.index("\n@@ ")
+        line_start = text.index("\n ", hunk_start + 1) + 2
+        patch.write_text(text[:line_start] + "#" + text[line_start:])
+        broken = series.load(root)
+        with self.assertRaisesRegex(build.PatchFailed,
+                                    rf"patch {patch.name} does not apply: .*hunk @@ -"):
+            self.build("dist", broken)
+        self.assertFalse((self.tmp / "dist").exists() and any((self.tmp / "dist").iterdir()))
+
+    @given(local=st.sampled_from(["", "cpu", "cu126", "rocm6.4"]), n=st.integers(1, 99))
+    def test_stamped_version_keeps_base(self, local, n):
+        base = "2.13.0" + (f"+{local}" if local else "")
+        stamped = Version(build.stamped_version(base, f"symfix{n}"))
+        self.assertEqual(stamped.public, "2.13.0")
+        self.assertEqual(stamped.local, ".".join(filter(None, [local, f"symfix{n}"])))
+
+
+class TestRealWheel(TestCase):
+    def test_build_from_official_wheel(self):
+        tmp = Path(tempfile.mkdtemp(prefix="symfix-test-"))
+        self.addCleanup(shutil.rmtree, tmp)
+        base = basewheel.verify(real_base_wheel(), SERIES)
+        self.assertTrue(base.known)
+        out, _ = build.build(SERIES, base, tmp, say=lambda patch: None)
+        with zipfile.ZipFile(out) as zf, zipfile.ZipFile(base.path) as zb:
+            self.assertEqual(len(zf.namelist()), len(zb.namelist()) + 1)  # + torch/_symfix.py
+            self.assertIsNone(zf.testzip())
+
+    def test_readme_series_table_is_current(self):
+        proc = symfix("table", "--check")
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+
+
+if __name__ == "__main__":
+    run_tests()
