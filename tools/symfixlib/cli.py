@@ -128,6 +128,15 @@ def cmd_test(args) -> int:
         log = ROOT / ".symfix" / "logs" / f"matrix-{role}.log"
         results[role] = matrix.run_tests(envs.python_of(env), ids, log)
         step.done(f"{len(ids)} fix tests on {role}  (log: {rel(log)})", "run")
+    controls: dict[str, dict[str, str]] = {}
+    for fix in s.fixes:
+        if fix.status == "in-base" and fix.control and fix.tests:
+            step = Step("tests")
+            log = ROOT / ".symfix" / "logs" / f"control-{fix.id}.log"
+            controls[fix.id] = matrix.run_tests(envs.python_of(pythons["stock"]),
+                                                list(fix.tests), log, control=fix.id)
+            step.done(f"{fix.id} on stock with the fix taken out  (log: {rel(log)})", "run")
+    results["control"] = controls
     text, problems = matrix.table(s, results)
     print("\n" + text + "\n")
     for p in problems:

@@ -14,8 +14,12 @@ from .series import ROOT, Fix, Series
 PASS, FAIL = "passed", "failed"
 
 
-def run_tests(python: Path, test_ids: list[str], log: Path) -> dict[str, str]:
-    """Outcome of each test id under ``python``: passed, failed, skipped or missing."""
+def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None = None
+              ) -> dict[str, str]:
+    """Outcome of each test id under ``python``: passed, failed, skipped or missing.
+
+    ``control``: the id of an in-base fix to take out for this run (see test/conftest.py).
+    """
     files = sorted({t.split("::")[0] for t in test_ids if (ROOT / t.split("::")[0]).is_file()})
     outcomes: dict[str, str] = {}
     if files:
@@ -24,6 +28,8 @@ def run_tests(python: Path, test_ids: list[str], log: Path) -> dict[str, str]:
             wanted.write_text(json.dumps(test_ids))
             env = {**os.environ, "SYMFIX_WANTED": str(wanted), "SYMFIX_OUTCOMES": str(result),
                    "PYTHONPATH": str(ROOT / "tools")}
+            if control:
+                env["SYMFIX_CONTROL"] = control
             log.parent.mkdir(parents=True, exist_ok=True)
             with open(log, "w") as out:
                 subprocess.run([str(python), "-m", "pytest", "-p", "symfixlib.outcomes_plugin",
@@ -36,7 +42,11 @@ def run_tests(python: Path, test_ids: list[str], log: Path) -> dict[str, str]:
 
 def expected(fix: Fix, kind: str, role: str) -> str:
     """What a test of ``kind`` (proof, guard) of ``fix`` must do in environment ``role``."""
-    if kind == "guard" or fix.status == "in-base":
+    if kind == "guard":
+        return PASS
+    if role == "control":  # stock with the in-base fix taken out again
+        return FAIL
+    if fix.status == "in-base":
         return PASS
     if role == "patched":
         return PASS
@@ -54,6 +64,8 @@ class Cell:
 def judge(fix: Fix, role: str, outcomes: dict[str, str]) -> Cell:
     if not fix.tests and fix.status in ("in-base", "pending"):
         return Cell("–", [])  # nothing carried, no tests yet
+    if role == "control" and fix.status != "in-base":
+        return Cell("–", [])  # stock is the control of a carried fix
     problems = []
     for kind, ids in (("proof", fix.proof), ("guard", fix.guard)):
         for tid in ids:
@@ -86,6 +98,13 @@ def table(series: Series, results: dict[str, dict[str, str] | str]) -> tuple[str
             if isinstance(got, str):
                 row.append("skipped")
                 continue
+            if role == "control":
+                got = got.get(fix.id)
+                if got is None:
+                    row.append("–")
+                    if fix.status == "in-base" and fix.proof:
+                        problems.append(f"{fix.id}: in-base fix without a control")
+                    continue
             cell = judge(fix, role, got)
             row.append(cell.text)
             problems += cell.problems

@@ -87,6 +87,11 @@ class Series:
         return first
 
 
+def control_path(fix_id: str) -> str:
+    """Where test/conftest.py finds the control that takes an in-base fix out again."""
+    return f"test/controls/{fix_id.replace('-', '_')}.py"
+
+
 def git_blob_id(data: bytes) -> str:
     """The id git gives ``data`` as a blob (what a patch's ``index`` line records)."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
@@ -137,6 +142,10 @@ def load(root: Path = ROOT) -> Series:
         if (f.status in STATUSES[:2]) != (f.patch is not None):
             raise SeriesError(f"manifest: {f.id}: status {f.status} "
                               + ("carries a patch" if f.patch else "names no patch"))
+        if f.control and f.control != control_path(f.id):
+            raise SeriesError(f"manifest: {f.id}: control must be {control_path(f.id)}")
+        if f.control and not (root / f.control).is_file():
+            raise SeriesError(f"manifest: {f.id}: {f.control} does not exist")
         if f.patch and f.patch not in names:
             raise SeriesError(f"manifest: {f.id}: {f.patch} is not in patches/series")
     carried = {f.patch for f in fixes if f.patch}
