@@ -13,8 +13,9 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS_ENV = ROOT / ".symfix" / "envs" / "tools"

@@ -1,5 +1,6 @@
 # Owner(s): ["module: ci"]
-"""Tests of `tools/symfix.py wheel`: base verification, patching, version stamp, provenance, packing.
+"""Tests of `tools/symfix.py wheel`: base verification, patching, version stamp, provenance,
+packing.
 
 They work on miniature torch wheels made from the real 2.13.0 wheel's files at test time (the files
 the series touches, torch/version.py, the dist-info), so each build takes milliseconds; one test
@@ -16,11 +17,11 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from packaging.version import Version
+from torch.testing._internal.common_utils import TestCase, run_tests
 from wheel.wheelfile import WheelFile
-
-from torch.testing._internal.common_utils import run_tests, TestCase
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -79,7 +80,8 @@ class TestBaseVerification(TestCase):
         self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
         lines = proc.stderr.strip().splitlines()
         self.assertEqual(len(lines), 1, proc.stderr)
-        self.assertRegex(lines[0], rf"^symfix: refusing base wheel {re.escape(wheel.name)}: .*{reason}")
+        prefix = f"symfix: refusing base wheel {re.escape(wheel.name)}: "
+        self.assertRegex(lines[0], f"^{prefix}.*{reason}")
         self.assertFalse(self.dist.exists() and any(self.dist.iterdir()), "dist/ not empty")
 
     def test_accepts_untouched_wheel(self):
@@ -173,7 +175,7 @@ class TestBuild(TestCase):
         self.assertEqual(prov["BASE"]["git_version"], SERIES.base["commit"])
         self.assertEqual([p["patch"] for p in prov["PATCHES"]], [p.name for p in SERIES.patches])
         self.assertIn(183837, [p["upstream"] for p in prov["PATCHES"]])
-        for entry, patch in zip(prov["PATCHES"], SERIES.patches):
+        for entry, patch in zip(prov["PATCHES"], SERIES.patches, strict=True):
             self.assertEqual(entry["sha256"], hashlib.sha256(patch.path.read_bytes()).hexdigest())
 
     def test_reproducible_and_reused(self):

@@ -31,10 +31,14 @@ def stamped_version(base_version: str, label: str) -> str:
     return f"{base_version}.{label}" if "+" in base_version else f"{base_version}+{label}"
 
 
-def build_key(series: Series, base: BaseWheel) -> str:
-    inputs = {"format": BUILD_FORMAT, "base": base.sha256,
-              "patches": [[p.name, p.sha256] for p in series.patches]}
+def build_key_of(inputs: dict) -> str:
+    inputs = {"format": BUILD_FORMAT, **inputs}
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+def build_key(series: Series, base: BaseWheel) -> str:
+    return build_key_of({"base": base.sha256,
+                         "patches": [[p.name, p.sha256] for p in series.patches]})
 
 
 def output_name(base: BaseWheel, version: str) -> str:
@@ -52,7 +56,8 @@ def read_provenance(wheel: Path) -> dict | None:
             for node in ast.parse(text).body if isinstance(node, ast.Assign)}
 
 
-def provenance_module(series: Series, base: BaseWheel, version: str, key: str) -> bytes:
+def provenance_module(series: Series, base: dict, version: str, key: str) -> bytes:
+    """torch/_symfix.py: what this build was made from (``base``) and the patches applied."""
     patches = []
     for p in series.patches:
         fix = series.fix_for(p)
@@ -63,8 +68,7 @@ def provenance_module(series: Series, base: BaseWheel, version: str, key: str) -
         })
     fields = {
         "VERSION": version,
-        "BASE": {"version": base.version, "git_version": series.base["commit"],
-                 "tag": series.base["tag"], "wheel": base.path.name, "sha256": base.sha256},
+        "BASE": {"git_version": series.base["commit"], "tag": series.base["tag"], **base},
         "PATCHES": patches,
         "BUILD_KEY": key,
     }
@@ -73,12 +77,12 @@ def provenance_module(series: Series, base: BaseWheel, version: str, key: str) -
     return (
         '"""Provenance of this torch build, written by symfix (do not edit).\n\n'
         "The official wheel it was made from (BASE) and the symfix patches applied to it, in\n"
-        'order (PATCHES). See https://github.com/pytorch/pytorch/pull/<upstream> for each fix.\n"""\n\n'
+        'order (PATCHES): see https://github.com/pytorch/pytorch/pull/<upstream>.\n"""\n\n'
         f"{body}\n"
     ).encode()
 
 
-def _failing_hunk(patch: Patch, stderr: str) -> str:
+def failing_hunk(patch: Patch, stderr: str) -> str:
     m = re.search(r"patch failed: (\S+):(\d+)", stderr)
     if m:
         for change in patch.changes:
@@ -109,7 +113,7 @@ def apply_series(series: Series, files: dict[str, bytes], say=print) -> dict[str
                 cwd=tmp, env=env, capture_output=True, text=True)
             if proc.returncode:
                 raise PatchFailed(f"patch {patch.name} does not apply: "
-                                  f"{_failing_hunk(patch, proc.stderr)}")
+                                  f"{failing_hunk(patch, proc.stderr)}")
             say(patch)
         return {path: Path(tmp, path).read_bytes() if Path(tmp, path).exists() else None
                 for path in {c.path for p in series.patches for c in p.changes}}
@@ -136,7 +140,9 @@ def build(series: Series, base: BaseWheel, dist: Path, say=print) -> tuple[Path,
         if n != 1:
             raise PatchFailed("torch/version.py: cannot find the __version__ line to stamp")
         changed["torch/version.py"] = stamped.encode()
-        changed[PROVENANCE] = provenance_module(series, base, version, key)
+        changed[PROVENANCE] = provenance_module(
+            series, {"version": base.version, "wheel": base.path.name, "sha256": base.sha256},
+            version, key)
         metadata_name = f"{base.dist_info}/METADATA"
         metadata, n = re.subn(r"^Version: .*$", f"Version: {version}",
                               zf.read(metadata_name).decode(), count=1, flags=re.M)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from . import basewheel, build, envs, matrix, series
+from . import basewheel, build, checkout, envs, matrix, series, source
 from .basewheel import Refused
 from .build import PatchFailed
 from .envs import EnvError
@@ -103,11 +104,19 @@ def cmd_wheel(args) -> int:
 
 def cmd_test(args) -> int:
     s = load_series()
-    base = base_wheel(s, args.wheel)
-    out = build_wheel(s, base, DIST)
+    base = base_wheel(s, args.base)
+    if args.wheel:  # a given build (from `source`, or downloaded): test it as it is
+        out = Path(args.wheel).resolve()
+        if not out.is_file():
+            raise Refused(f"wheel {out}: no such file")
+        print(f"wheel   {out.name}  provenance: "
+              + ("symfix" if build.read_provenance(out) else "none (not a symfix build)"))
+    else:
+        out = build_wheel(s, base, DIST)
     pythons: dict[str, Path | str] = {
         "stock": install("stock", str(base.path), base.sha256),
-        "patched": install("patched", str(out), basewheel.sha256_file(out), VENV),
+        "patched": (install("tested", str(out), basewheel.sha256_file(out)) if args.wheel
+                    else install("patched", str(out), basewheel.sha256_file(out), VENV)),
     }
     if args.upstream:
         ok, free, need = envs.has_room("upstream")
@@ -148,7 +157,7 @@ def cmd_test(args) -> int:
     log = ROOT / ".symfix" / "logs" / "suite-patched.log"
     env = {**os.environ, "SYMFIX_BASE_WHEEL": str(base.path)}
     with open(log, "w") as f:
-        rc = subprocess.run([str(envs.python_of(VENV)), "-m", "pytest", "-q", "test"],
+        rc = subprocess.run([str(envs.python_of(pythons["patched"])), "-m", "pytest", "-q", "test"],
                             cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
     summary = (log.read_text().strip().splitlines() or ["no output"])[-1]
     step.done(f"pytest test/ on patched: {summary.strip('= ')}  (log: {rel(log)})",
@@ -162,8 +171,8 @@ def cmd_status(args) -> int:
     s = series.load()
     python = Path(args.python or shutil.which("python3") or sys.executable)
     probe = subprocess.run(
-        [str(python), "-c", "import importlib, importlib.util as u, torch; print(torch.__version__);"
-         "print(len(importlib.import_module('torch._symfix').PATCHES) "
+        [str(python), "-c", "import importlib, importlib.util as u, torch;"
+         "print(torch.__version__); print(len(importlib.import_module('torch._symfix').PATCHES) "
          "if u.find_spec('torch._symfix') else 0)"], capture_output=True, text=True)
     if probe.returncode:
         print(f"symfix: {python} cannot import torch", file=sys.stderr)
@@ -194,7 +203,7 @@ def cmd_status(args) -> int:
         prs = ", ".join(f"#{n}" for n in fix.upstream)
         print(f"  {fix.id:<30} {prs:<18} {verdict}")
     print(f"{len(s.fixes) - lacking - untested} of {len(s.fixes) - untested} tested fixes present"
-          + (f"; `python3 tools/symfix.py wheel` builds a torch with all" if lacking else ""))
+          + ("; `python3 tools/symfix.py wheel` builds a torch with all" if lacking else ""))
     return 0
 
 
@@ -224,6 +233,59 @@ def cmd_worktree(args) -> int:
     git("am", "-q", "--keep-cr", "--keep-non-patch", *[str(p.path) for p in s.patches])
     step.done(f"{dest}: {s.base['tag']} + {len(s.patches)} commits")
     return 0
+
+
+def cmd_source(args) -> int:
+    s = load_series()
+    src = Path(args.src or args.clone).resolve()
+    if args.clone:
+        cmds = source.clone_commands(src, s)
+        if args.dry_run:
+            print("would run:\n  " + "\n  ".join(shlex.join(c) for c in cmds))
+            return 0
+        step = Step("clone")
+        for cmd in cmds:
+            if subprocess.run(cmd).returncode:
+                print(f"symfix: `{shlex.join(cmd)}` failed", file=sys.stderr)
+                return 1
+        step.done(f"{src} at {s.base['tag']}")
+    step = Step("src")
+    how = checkout.verify(src, s)
+    head = checkout.git(src, "rev-parse", "HEAD").stdout.strip()
+    step.done(f"{src}: {how}")
+    branch = args.branch or f"symfix/{s.base['tag']}-{s.label}"
+    env = source.build_env(s)
+    out = Path(args.out).resolve()
+    build_cmd = source.wheel_command(args.python, out)
+    if args.dry_run:
+        print("would run, in " + str(src) + ":")
+        print(f"  git checkout -b {branch}")
+        for p in s.patches:
+            print(f"  git am --keep-cr --keep-non-patch {p.path}")
+        print(f"  write {build.PROVENANCE} (provenance record; removed after the build)")
+        print("  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " \\\n    "
+              + shlex.join(build_cmd))
+        print(f"then: python3 tools/symfix.py test --wheel "
+              f"{out}/torch-{env['PYTORCH_BUILD_VERSION']}-….whl")
+        return 0
+    step = Step("am")
+
+    def applied(patch, commit):
+        print(f"        {commit[:10]} {patch.subject}", flush=True)
+
+    checkout.am(src, s.patches, branch, say=applied)
+    step.done(f"branch {branch}: {len(s.patches)} commits on {head[:8]}")
+    step = Step("build")
+    wheel = source.build_wheel(src, s, args.python, out, head)
+    prov = build.read_provenance(wheel) or {}
+    if prov.get("VERSION") != env["PYTORCH_BUILD_VERSION"]:
+        print(f"symfix: {wheel.name} lacks the provenance record {build.PROVENANCE}",
+              file=sys.stderr)
+        return 1
+    step.done(f"{rel(wheel)}  sha256 {sha256_short(wheel)}…")
+    if args.no_test:
+        return 0
+    return cmd_test(argparse.Namespace(base=None, wheel=str(wheel), upstream=args.upstream))
 
 
 def series_table(s: series.Series) -> str:
@@ -260,7 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--dist", default=str(DIST), help="output directory (default: dist/)")
     w.add_argument("--no-venv", action="store_true", help="only build, do not install")
     t = sub.add_parser("test", help="regression matrix and test suite")
-    t.add_argument("--wheel", help="base torch 2.13.0 wheel (default: ask pip)")
+    t.add_argument("--base", help="base torch 2.13.0 wheel (default: ask pip)")
+    t.add_argument("--wheel", help="test this torch wheel as the patched build (default: build "
+                   "dist/'s wheel)")
     t.add_argument("--upstream", action="store_true", help="also test upstream torch (oracle)")
     st = sub.add_parser("status", help="which fixes a torch install has")
     st.add_argument("--python", help="interpreter of that install (default: python3 on PATH)")
@@ -268,12 +332,24 @@ def main(argv: list[str] | None = None) -> int:
                         "write a patch in")
     wt.add_argument("dir")
     wt.add_argument("--wheel", help="base torch 2.13.0 wheel (default: ask pip)")
+    so = sub.add_parser("source", help="rebuild PyTorch from a v2.13.0 checkout with the series")
+    where = so.add_mutually_exclusive_group(required=True)
+    where.add_argument("--src", help="an existing PyTorch checkout")
+    where.add_argument("--clone", help="clone the v2.13.0 tag with submodules into this directory")
+    so.add_argument("--python", default=source.python_default(),
+                    help="Python with PyTorch's build requirements (default: python3 on PATH)")
+    so.add_argument("--out", default=str(DIST), help="where the wheel goes (default: dist/)")
+    so.add_argument("--branch", help="branch for the series (default: symfix/v2.13.0-symfixN)")
+    so.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    so.add_argument("--no-test", action="store_true", help="skip the regression matrix")
+    so.add_argument("--upstream", action="store_true", help="matrix also on upstream torch")
     tb = sub.add_parser("table", help="write the series table into README.md")
     tb.add_argument("--check", action="store_true", help="only check that it is current")
     args = p.parse_args(argv)
     try:
         return {"wheel": cmd_wheel, "test": cmd_test, "status": cmd_status,
-                "table": cmd_table, "worktree": cmd_worktree}[args.verb](args)
+                "table": cmd_table, "worktree": cmd_worktree,
+                "source": cmd_source}[args.verb](args)
     except Refused as e:
         print(f"symfix: refusing {e}", file=sys.stderr)
         return 2

@@ -87,7 +87,10 @@ def judge(fix: Fix, role: str, outcomes: dict[str, str]) -> Cell:
 
 
 def table(series: Series, results: dict[str, dict[str, str] | str]) -> tuple[str, list[str]]:
-    """The matrix text and its problems. ``results``: role -> outcomes, or a reason it was skipped."""
+    """The matrix text and its problems.
+
+    ``results``: role -> outcomes, or a reason it was skipped; "control" -> fix id -> outcomes.
+    """
     roles = list(results)
     rows = [["fix", "status", *roles]]
     problems: list[str] = []
@@ -110,7 +113,8 @@ def table(series: Series, results: dict[str, dict[str, str] | str]) -> tuple[str
             problems += cell.problems
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    text = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    text = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)
     return text, problems
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-import tomllib
 from dataclasses import dataclass, field
 from email.parser import BytesHeaderParser
 from pathlib import Path
 
+import tomllib
 import unidiff
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,7 +79,7 @@ class Series:
         return f"{self.base['label']}{len(self.patches)}"
 
     def touched_files(self) -> dict[str, str]:
-        """Each file the series touches -> its blob id in the base (pre-image of its first patch)."""
+        """Each file the series touches -> its blob id in the base (its first patch's pre-image)."""
         first: dict[str, str] = {}
         for p in self.patches:
             for c in p.changes:
