@@ -36,8 +36,9 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
         for path in sorted(pathlib.Path("torch").rglob("*.py")):
             wf.write(str(path), str(path))
         info = f"torch-{version}.dist-info"
-        wf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\\nName: torch\\nVersion: {version}\\n")
-        wf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n")
+        metadata = f"Metadata-Version: 2.1\\nName: torch\\nVersion: {version}\\n"
+        wf.writestr(f"{info}/METADATA", metadata)
+        wf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\\nTag: py3-none-any\\n")
     return name
 '''
 
@@ -95,7 +96,8 @@ class TestSource(TestCase):
         base = git(src, "rev-parse", "HEAD")
         proc = self.source(src)
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
-        self.assertEqual(git(src, "symbolic-ref", "--short", "HEAD"), f"symfix/v2.13.0-{SERIES.label}")
+        branch = git(src, "symbolic-ref", "--short", "HEAD")
+        self.assertEqual(branch, f"symfix/v2.13.0-{SERIES.label}")
         subjects = git(src, "log", "--reverse", "--format=%s", f"{base}..HEAD").splitlines()
         self.assertEqual(subjects, [p.subject for p in SERIES.patches])
         authors = set(git(src, "log", "--format=%an <%ae>", f"{base}..HEAD").splitlines())
@@ -151,7 +153,8 @@ class TestSource(TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         for p in SERIES.patches:
             self.assertIn(f"git am --keep-cr --keep-non-patch {p.path}", proc.stdout)
-        self.assertRegex(proc.stdout, r"BUILD_TEST=0 USE_DISTRIBUTED=1 PYTORCH_BUILD_VERSION=2\.13\.0\+symfix")
+        self.assertRegex(proc.stdout,
+                         r"BUILD_TEST=0 USE_DISTRIBUTED=1 PYTORCH_BUILD_VERSION=2\.13\.0\+symfix")
         self.assertIn("-m pip wheel . --no-build-isolation", proc.stdout)
         self.assertEqual(git(src, "rev-parse", "HEAD"), head)
         self.assertFalse(self.out.exists())
