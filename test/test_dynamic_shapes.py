@@ -5,7 +5,7 @@ import torch
 from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.testing._internal.common_utils import TestCase, run_tests
 
 
 def _retrace(gm):
@@ -98,6 +98,223 @@ class TestUnbackedRebind(TestCase):
 
         self.assertEqual(node.meta["val"], 3)
         self.assertNotIn(old_u0, shape_env.replacements)
+
+
+class TestForeignUnbackedTransfer(TestCase):
+    """A nested torch.compile region entered from a non-strict make_fx trace
+    (as a graph trainer does) receives the outer trace's unbacked values: raw
+    SymInts and fake tensors whose sizes carry outer symbols.  Those must be
+    taken into the nested ShapeEnv without specializing, keep their sharing,
+    and produce guards that hold on the outer values."""
+
+    def setUp(self):
+        super().setUp()
+        torch._dynamo.reset()
+
+    def tearDown(self):
+        torch._dynamo.reset()
+        super().tearDown()
+
+    def _trace_non_strict(self, fn, *args):
+        # Outer trace: ambient FakeTensorMode with a ShapeEnv, make_fx over
+        # its fake inputs, inside the non-strict tracing context.
+        import torch._dynamo.config
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.proxy_tensor import make_fx
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        fake_args = [fake_mode.from_tensor(a) for a in args]
+        with (
+            torch._dynamo.config.patch(force_compile_during_fx_trace=True),
+            torch.compiler._non_strict_tracing_context(),
+            fake_mode,
+        ):
+            # The torch-function metadata mode is part of Dynamo's guards on
+            # the mode stack and changes with every traced op; keep it out so
+            # that cache reuse is observable.
+            return make_fx(
+                fn, tracing_mode="real", _disable_torch_fn_metadata_mode=True
+            )(*fake_args)
+
+    def test_nested_compile_takes_outer_unbacked_symint_and_reuses_it(self):
+        from torch._dynamo.testing import CompileCounterWithBackend
+        from torch.fx.experimental.symbolic_shapes import (
+            free_unbacked_symbols,
+            statically_known_true,
+        )
+
+        cnt = CompileCounterWithBackend("eager")
+
+        @torch.compile(backend=cnt, fullgraph=True)
+        def inner(x, n):
+            return x.sum(1) * n + x.shape[1]
+
+        seen = []
+
+        def outer(t, x):
+            n = t.item()  # unbacked in the outer ShapeEnv
+            torch._check(n >= 0)
+            y = x.new_ones(x.shape[0], n)
+            a = inner(y, n)
+            b = inner(y * 2, n)
+            seen.append((n, a.shape, b.shape))
+            return a + b
+
+        gm = self._trace_non_strict(outer, torch.tensor(5), torch.randn(3))
+
+        # Compiled once; the second call (a different tensor, same symbolic
+        # layout) is served by the same entry, i.e. its guards, which include
+        # the stride relation Max(1, u) of y, evaluate on the outer values.
+        self.assertEqual(cnt.frame_count, 1)
+        (n, a_shape, b_shape), = seen
+        self.assertTrue(free_unbacked_symbols(n))
+        self.assertEqual(len(a_shape), 1)
+        self.assertTrue(statically_known_true(a_shape[0] == b_shape[0]))
+
+        # Inside the region, x.shape[1] and n are one local unbacked symbol.
+        phs = {
+            node.name.lower(): node.meta["example_value"]
+            for node in cnt.graphs[0].graph.nodes
+            if node.op == "placeholder"
+        }
+        x_val, n_val = phs["l_x_"], phs["l_n_"]
+        self.assertIsInstance(n_val, torch.SymInt)
+        self.assertTrue(free_unbacked_symbols(n_val))
+        self.assertEqual(n_val.node.expr, x_val.shape[1].node.expr)
+
+        # The outer graph stays symbolic over the data-dependent value.
+        self.assertIn("_local_scalar_dense", gm.code)
+        self.assertIn("sym_size", gm.code)
+
+    def test_tensor_dim_and_raw_symint_share_symbols(self):
+        # x.shape[1] == n (and a derived m == x.shape[1] + 1) must be
+        # decidable inside the region, whichever of the two is wrapped first.
+        from torch._dynamo.testing import CompileCounterWithBackend
+
+        cnt = CompileCounterWithBackend("eager")
+
+        @torch.compile(backend=cnt, fullgraph=True)
+        def tensor_first(x, n, m):
+            if x.shape[1] == n and m == x.shape[1] + 1:
+                return x * 2
+            return x * 3
+
+        @torch.compile(backend=cnt, fullgraph=True)
+        def scalar_first(n, x):
+            if n == x.shape[1]:
+                return x + 1
+            return x - 1
+
+        results = []
+
+        def outer(t, x):
+            n = t.item()
+            torch._check(n >= 0)
+            y = x.new_ones(2, n)
+            results.append(tensor_first(y, n, n + 1))
+            results.append(scalar_first(n, y))
+            return results[0] + results[1]
+
+        gm = self._trace_non_strict(outer, torch.tensor(4), torch.randn(2))
+        self.assertEqual(cnt.frame_count, 2)
+        # Both regions took the "equal" branch: y * 2 and y + 1.
+        self.assertIn("aten.mul.Tensor", gm.code)
+        self.assertIn("aten.add.Tensor", gm.code)
+        self.assertNotIn("aten.sub.Tensor", gm.code)
+        self.assertNotIn(", 3)", gm.code)
+
+    def test_branch_on_transferred_symint_raises_data_dependent_error(self):
+        # The value is taken in, but not specialized: branching on it is the
+        # ordinary data-dependent error, even with an optimization hint.
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        def fn(n):
+            if n > 3:
+                return torch.ones(())
+            return torch.zeros(())
+
+        compiled = torch.compile(fn, backend="eager", fullgraph=True)
+        shape_env = ShapeEnv()
+        n = shape_env.create_unbacked_symint()
+        shape_env.var_to_hint_override[n.node.expr] = 8
+        with self.assertRaisesRegex(
+            torch._dynamo.exc.UserError,
+            "Could not guard on data-dependent expression",
+        ):
+            with torch.compiler._non_strict_tracing_context():
+                compiled(n)
+
+    def test_branch_on_outer_unbacked_symint_never_specializes(self):
+        # Holds before and after the backport: a nested region either refuses
+        # the outer unbacked value or raises a data-dependent error; it never
+        # picks a branch from a hint.
+        from torch._dynamo.testing import CompileCounterWithBackend
+
+        cnt = CompileCounterWithBackend("eager")
+
+        @torch.compile(backend=cnt, fullgraph=True)
+        def inner(x, n):
+            if n > 3:
+                return x + 1
+            return x - 1
+
+        def outer(t, x):
+            return inner(x, t.item())
+
+        with self.assertRaisesRegex(
+            (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError),
+            "Attempted to wrap unbacked SymInt"
+            "|Could not guard on data-dependent expression",
+        ):
+            self._trace_non_strict(outer, torch.tensor(5), torch.randn(3))
+        self.assertEqual(cnt.frame_count, 0)
+
+    def test_raw_unbacked_symint_refused_outside_non_strict_tracing(self):
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        compiled = torch.compile(
+            lambda n: torch.ones((n,)), backend="eager", fullgraph=True
+        )
+        n = ShapeEnv().create_unbacked_symint()
+        self.assertFalse(torch.compiler._is_non_strict_tracing())
+        with self.assertRaisesRegex(
+            torch._dynamo.exc.Unsupported, "Attempted to wrap unbacked SymInt"
+        ):
+            compiled(n)
+
+    def test_max_min_guards_still_evaluate_on_ints(self):
+        # Guards over Max/Min of ordinary (backed) sizes keep their meaning on
+        # plain ints: pass when they hold, fail (recompile) when they do not.
+        from torch._dynamo.testing import CompileCounterWithBackend
+
+        cnt = CompileCounterWithBackend("eager")
+
+        @torch.compile(backend=cnt, dynamic=True)
+        def fn(x, y, z):
+            hi = torch.sym_max(torch.sym_max(x.shape[0], y.shape[0]), z.shape[0])
+            lo = torch.sym_min(x.shape[0], y.shape[0])
+            if hi > 6 and lo < 4:
+                return x.sum() + 1
+            return x.sum() - 1
+
+        def call(a, b, c):
+            return fn(torch.ones(a), torch.ones(b), torch.ones(c))
+
+        # Entry 1 guards Max(..) <= 6.
+        self.assertEqual(call(2, 3, 5), 1.0)
+        self.assertEqual(call(3, 2, 4), 2.0)
+        self.assertEqual(cnt.frame_count, 1)
+        # Entry 2 guards Max(..) > 6 and Min(..) < 4.
+        self.assertEqual(call(2, 9, 3), 3.0)
+        self.assertEqual(call(3, 7, 2), 4.0)
+        self.assertEqual(cnt.frame_count, 2)
+        # Neither holds: recompile.
+        self.assertEqual(call(5, 4, 8), 4.0)
+        self.assertEqual(cnt.frame_count, 3)
+        # Back to entry 1.
+        self.assertEqual(call(4, 5, 2), 3.0)
+        self.assertEqual(cnt.frame_count, 3)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from . import basewheel, build, checkout, envs, matrix, series, source
+from . import basewheel, build, checkout, envs, export, matrix, series, source
 from .basewheel import Refused
 from .build import PatchFailed
 from .envs import EnvError
@@ -168,6 +168,8 @@ def cmd_test(args) -> int:
 
 
 def cmd_status(args) -> int:
+    if args.rebase_onto:
+        return cmd_rebase_status(args)
     s = series.load()
     python = Path(args.python or shutil.which("python3") or sys.executable)
     probe = subprocess.run(
@@ -288,6 +290,81 @@ def cmd_source(args) -> int:
     return cmd_test(argparse.Namespace(base=None, wheel=str(wheel), upstream=args.upstream))
 
 
+def cmd_export(args) -> int:
+    s = load_series()
+    if args.all == bool(args.id):
+        raise Refused("export: name one fix id, or --all")
+    if args.all:
+        patches = s.patches
+    else:
+        fix = next((f for f in s.fixes if f.id == args.id), None)
+        if fix is None or fix.patch is None:
+            raise Refused(f"export: {args.id} is not a fix the series carries")
+        patches = [p for p in s.patches if p.name == fix.patch]
+    src = Path(args.onto).resolve()
+    if args.dry_run:
+        fix0 = s.fix_for(patches[0])
+        start = export.base_ref(src, fix0, args.base, s)
+        name = fix0.id if len(patches) == 1 else "stack"
+        print(f"would run, in {src}:\n  git checkout -b symfix/export/{name} {start}")
+        for p in patches:
+            print(f"  git am --keep-cr --keep-non-patch {p.path}   "
+                  f"# then drop trailers {', '.join(export.DROPPED_TRAILERS)}")
+            print(f"  write {Path(args.out) / p.name.removesuffix('.patch')}.md")
+        return 0
+    step = Step("export")
+
+    def exported(patch, commit):
+        print(f"        {commit[:10]} {patch.subject}", flush=True)
+
+    done = export.export(s, patches, src, args.base, Path(args.out), say=exported)
+    step.done(f"{src}: branch {done.branch}, {len(done.commits)} commits")
+    for text in done.texts:
+        print(f"        PR text: {rel(text)}")
+    return 0
+
+
+def rebase_python(target: Path, given: str | None) -> Path | None:
+    """A Python whose torch is ``target``'s, to run the fixes' tests with."""
+    if given:
+        return Path(given)
+    if target.is_dir():
+        for up in [target, *target.parents][:5]:
+            if (up / "bin" / "python").exists():
+                return up / "bin" / "python"
+        return None
+    version = target.name.split("-")[1].split("+")[0]
+    for link in (ROOT / ".symfix" / "upstream", ROOT / ".symfix" / "stock", VENV):
+        py = envs.python_of(link)
+        got = subprocess.run([str(py), "-c", "import torch; print(torch.__version__)"],
+                             capture_output=True, text=True).stdout.strip()
+        if got.split("+")[0] == version:
+            return py
+    return envs.python_of(install("rebase", str(target), basewheel.sha256_file(target)))
+
+
+def cmd_rebase_status(args) -> int:
+    s = load_series()
+    target = Path(args.rebase_onto).resolve()
+    step = Step("rebase")
+    verdicts = export.rebase_check(s, target)
+    python = rebase_python(target, args.python)
+    outcomes = {}
+    if python:
+        log = ROOT / ".symfix" / "logs" / "rebase.log"
+        outcomes = matrix.run_tests(python, [t for p in s.patches for t in s.fix_for(p).tests],
+                                    log)
+    step.done(f"{target.name}: {len(s.patches)} patches checked"
+              + (f", tests run with {python}" if python else ", no Python to run tests with"))
+    for patch in s.patches:
+        fix = s.fix_for(patch)
+        upstream = fix.proof and all(outcomes.get(t) == matrix.PASS for t in fix.tests)
+        verdict = ("already upstream (its tests pass there): drop it" if upstream
+                   else verdicts[patch.name])
+        print(f"  {patch.name:<48} {verdict}")
+    return 0
+
+
 def series_table(s: series.Series) -> str:
     rows = ["| fix | upstream | fixes | component | status | patch |", "|---|---|---|---|---|---|"]
     for f in s.fixes:
@@ -328,10 +405,19 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--upstream", action="store_true", help="also test upstream torch (oracle)")
     st = sub.add_parser("status", help="which fixes a torch install has")
     st.add_argument("--python", help="interpreter of that install (default: python3 on PATH)")
+    st.add_argument("--rebase-onto", metavar="WHEEL_OR_DIR",
+                    help="forward-port check: does each patch apply to / is it in that torch?")
     wt = sub.add_parser("worktree", help="git repo of the base Python files + the series, to "
                         "write a patch in")
     wt.add_argument("dir")
     wt.add_argument("--wheel", help="base torch 2.13.0 wheel (default: ask pip)")
+    ex = sub.add_parser("export", help="a patch (or the stack) as a PyTorch branch + PR text")
+    ex.add_argument("id", nargs="?", help="fix id (see patches/manifest.toml)")
+    ex.add_argument("--all", action="store_true", help="the whole series, in order, one branch")
+    ex.add_argument("--onto", required=True, help="a PyTorch checkout")
+    ex.add_argument("--base", help="ref to start from (default: release/2.13, else v2.13.0)")
+    ex.add_argument("--out", default=str(DIST / "pr"), help="where PR texts go (dist/pr/)")
+    ex.add_argument("--dry-run", action="store_true", help="print what it would do")
     so = sub.add_parser("source", help="rebuild PyTorch from a v2.13.0 checkout with the series")
     where = so.add_mutually_exclusive_group(required=True)
     where.add_argument("--src", help="an existing PyTorch checkout")
@@ -349,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"wheel": cmd_wheel, "test": cmd_test, "status": cmd_status,
                 "table": cmd_table, "worktree": cmd_worktree,
-                "source": cmd_source}[args.verb](args)
+                "source": cmd_source, "export": cmd_export}[args.verb](args)
     except Refused as e:
         print(f"symfix: refusing {e}", file=sys.stderr)
         return 2
