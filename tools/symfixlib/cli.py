@@ -156,6 +156,8 @@ def cmd_test(args) -> int:
     step = Step("suite")
     log = ROOT / ".symfix" / "logs" / "suite-patched.log"
     env = {**os.environ, "SYMFIX_BASE_WHEEL": str(base.path)}
+    if isinstance(pythons.get("upstream"), Path):
+        env["SYMFIX_UPSTREAM_PYTHON"] = str(envs.python_of(pythons["upstream"]))
     with open(log, "w") as f:
         rc = subprocess.run([str(envs.python_of(pythons["patched"])), "-m", "pytest", "-q", "test"],
                             cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
