@@ -1,0 +1,282 @@
+# Owner(s): ["module: inductor"]
+import sympy
+
+import torch
+import torch.nn.functional as F
+from torch._dynamo.source import ConstantSource
+from torch._inductor import ir
+from torch._inductor.graph import GraphLowering
+from torch._inductor.utils import fresh_cache
+from torch._inductor.virtualized import V
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.utils._sympy.printers import PythonPrinter
+
+
+# Dimension orders as understood by Layout.is_stride_ordered (0 = smallest stride).
+NCHW = [3, 2, 1, 0]
+NHWC = [3, 0, 2, 1]
+
+
+class TestStrideOrderCompoundStrides(TestCase):
+    """Layout.is_stride_ordered on compound symbolic strides (pytorch#188323)."""
+
+    def setUp(self):
+        super().setUp()
+        self.shape_env = ShapeEnv()
+        graph = torch.fx.Graph()
+        graph.output(None)
+        self.graph = GraphLowering(
+            torch.fx.GraphModule({}, graph), shape_env=self.shape_env
+        )
+
+    def backed(self, hint, name):
+        return self.shape_env.create_symbol(
+            hint, ConstantSource(name), dynamic_dim=DimDynamic.DYNAMIC
+        )
+
+    def unbacked(self):
+        return self.shape_env.create_unbacked_symint().node.expr
+
+    def ordered(self, size, stride, order):
+        layout = ir.FixedLayout(torch.device("cpu"), torch.float32, size, stride)
+        with V.set_graph_handler(self.graph):
+            return layout.is_stride_ordered(order)
+
+    def guard_exprs(self):
+        return [g.expr for g in self.shape_env.guards]
+
+    def assertNoGuardsOrAsserts(self):
+        self.assertEqual(self.guard_exprs(), [])
+        asserts = [
+            ra.expr for ras in self.shape_env.deferred_runtime_asserts.values()
+            for ra in ras
+        ]
+        self.assertEqual(asserts, [])
+
+    def assertGuardsWellFormed(self):
+        printer = PythonPrinter()
+        for expr in self.guard_exprs():
+            negative_powers = [
+                a
+                for a in sympy.preorder_traversal(expr)
+                if isinstance(a, sympy.Pow) and a.exp.is_negative
+            ]
+            self.assertEqual(negative_powers, [], msg=str(expr))
+            self.assertTrue(printer.doprint(expr))
+
+    # ---- proof: compound strides in expanded form -------------------------
+
+    def test_backed_expanded_compound_channels_last(self):
+        # The #188323 shape: a conv output whose spatial extent is
+        # h - c + 3, laid out channels-last, with the strides in the expanded
+        # polynomial form that SymInt arithmetic / sizevars.simplify produce.
+        n, c, h = self.backed(2, "n"), self.backed(4, "c"), self.backed(10, "h")
+        x = h - c + 3
+        size = [n, c, x, x]
+        stride = [sympy.expand(c * x * x), 1, sympy.expand(c * x), c]
+        self.assertTrue(self.ordered(size, stride, NHWC))
+        self.assertFalse(self.ordered(size, stride, NCHW))
+        self.assertGuardsWellFormed()
+
+    def test_unbacked_expanded_compound_no_guard(self):
+        # Same structure over unbacked symbols: the stride comparison may not
+        # raise nor leave a guard / runtime assert on u0, u1, and it must not
+        # claim the wrong order.
+        u0, u1 = self.unbacked(), self.unbacked()
+        x = u1 + 2
+        size = [4, x, x, u0]
+        stride = [sympy.expand(u0 * x * x), sympy.expand(u0 * x), u0, 1]
+        self.assertFalse(self.ordered(size, stride, [0, 1, 2, 3]))
+        self.assertIsInstance(self.ordered(size, stride, NCHW), bool)
+        self.assertNoGuardsOrAsserts()
+
+    # ---- guard: behaviour that must stay ----------------------------------
+
+    def test_unbacked_product_strides(self):
+        u0, u1 = self.unbacked(), self.unbacked()
+        size = [u0, u1, 256]
+        stride = [256 * u1, 256, 1]
+        self.assertTrue(self.ordered(size, stride, [2, 1, 0]))
+        self.assertFalse(self.ordered(size, stride, [0, 1, 2]))
+        size = [2, u0, u1, 256]
+        stride = [256 * u0 * u1, 256 * u1, 256, 1]
+        self.assertTrue(self.ordered(size, stride, NCHW))
+        self.assertFalse(self.ordered(size, stride, [0, 1, 2, 3]))
+        self.assertNoGuardsOrAsserts()
+
+    def test_unbacked_max_product_strides(self):
+        u0, u1 = self.unbacked(), self.unbacked()
+        m = sympy.Max(1, u0)
+        size = [u1, m, 8]
+        stride = [8 * m, 8, 1]
+        self.assertTrue(self.ordered([3, *size], [8 * m * u1, *stride], NCHW))
+        self.assertTrue(self.ordered(size, [m * u1 * 8, u1 * 8, 1], [2, 1, 0]))
+        self.assertFalse(self.ordered(size, [m * u1 * 8, u1 * 8, 1], [0, 1, 2]))
+        self.assertNoGuardsOrAsserts()
+
+    def test_unbacked_simple_strides(self):
+        u0 = self.unbacked()
+        size = [3, u0, 256]
+        self.assertTrue(self.ordered(size, [256 * u0, 256, 1], [2, 1, 0]))
+        self.assertFalse(self.ordered(size, [256 * u0, 256, 1], [0, 1, 2]))
+        # transposed last two dims: 256*u0 vs 256 still orders correctly
+        self.assertTrue(self.ordered(size, [256 * u0, 1, u0], [2, 0, 1]))
+        self.assertNoGuardsOrAsserts()
+
+    def test_backed_factored_compound(self):
+        n, c, h = self.backed(2, "n"), self.backed(4, "c"), self.backed(10, "h")
+        x = h - c + 3
+        size = [n, c, x, x]
+        stride = [c * x**2, 1, c * x, c]
+        self.assertTrue(self.ordered(size, stride, NHWC))
+        self.assertFalse(self.ordered(size, stride, NCHW))
+        self.assertGuardsWellFormed()
+
+    def test_backed_and_static_simple(self):
+        s0, s1 = self.backed(5, "a"), self.backed(7, "b")
+        self.assertTrue(self.ordered([s1, s0, 256], [256 * s0, 1, s0], [2, 0, 1]))
+        self.assertFalse(self.ordered([s1, s0, 256], [256 * s0, 1, s0], [2, 1, 0]))
+        self.assertTrue(self.ordered([2, 3, 4, 5], [60, 20, 5, 1], NCHW))
+        self.assertFalse(self.ordered([2, 3, 4, 5], [60, 20, 5, 1], NHWC))
+        self.assertTrue(self.ordered([2, 3, 4, 5], [60, 1, 15, 3], NHWC))
+        self.assertFalse(self.ordered([2, 3, 4, 5], [60, 1, 15, 3], NCHW))
+        self.assertGuardsWellFormed()
+
+
+class TestStrideOrderCompile(TestCase):
+    def test_dynamic_conv_chain_channels_last_cpu(self):
+        # The #188323 model shape on CPU: a conv whose output spatial size is
+        # a compound expression feeds a second conv (is_stride_ordered on the
+        # FixedLayout) and a pointwise tail; compiled must match eager.
+        def f(x, w, scalar):
+            y = F.conv2d(x, w, padding=1)
+            feature = F.leaky_relu(y, 0.1)
+            return F.conv2d(y, w, padding=1), F.relu(scalar - feature) + feature
+
+        torch.manual_seed(0)
+        x = torch.randn(2, 5, 12, 12).to(memory_format=torch.channels_last)
+        w = torch.randn(5, 5, 5, 5)
+        s = torch.randn(())
+        torch._dynamo.reset()
+        with fresh_cache():
+            out = torch.compile(f, dynamic=True, backend="inductor")(x, w, s)
+        for got, ref in zip(out, f(x, w, s)):
+            self.assertEqual(got, ref, atol=1e-4, rtol=1e-4)
+
+
+if __name__ == "__main__":
+    run_tests()
+
+
+# ---------------------------------------------------------------------------
+# symfix: inductor-unbacked-codegen (pytorch/pytorch#183840, shipped in 2.13.0).
+# Self-contained: its own imports, so it does not depend on the classes above.
+import torch  # noqa: E402
+from torch._inductor import ir  # noqa: E402
+from torch.fx.experimental.symbolic_shapes import ShapeEnv  # noqa: E402
+from torch.testing._internal.common_utils import TestCase  # noqa: E402
+
+
+class TestInductorUnbackedCodegen(TestCase):
+    """Fallback outputs bind their fresh unbacked symbols; stride order is proven
+    without hints; optimization-only stride sorting falls back to hints."""
+
+    def _graph(self, shape_env):
+        import torch._inductor.graph as inductor_graph
+
+        graph = torch.fx.Graph()
+        graph.output(None)
+        return inductor_graph.GraphLowering(
+            torch.fx.GraphModule({}, graph), shape_env=shape_env
+        )
+
+    def _compile_and_compare(self, fn, args, backend):
+        import torch._functorch.config as functorch_config
+        import torch._inductor.config as inductor_config
+
+        torch._dynamo.reset()
+        with (
+            torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True),
+            inductor_config.patch(fx_graph_cache=False),
+            functorch_config.patch(enable_autograd_cache=False),
+        ):
+            compiled = torch.compile(fn, backend=backend, fullgraph=True)
+            got = compiled(*args)
+        ref = fn(*args)
+        self.assertEqual(got.shape, ref.shape)
+        self.assertEqual(got, ref)
+
+    @staticmethod
+    def _gather_repeated(counts, x):
+        idx = torch.repeat_interleave(counts)  # fallback op, output length is unbacked
+        return x[idx].sin() * 2
+
+    # ---- proof
+
+    def test_fallback_output_symbol_bound_under_ignored_fresh_symbols(self):
+        # Inductor driven from inside a trace that ignores fresh unbacked symbols
+        # (as standalone / regional compiles are): repeat_interleave's output extent
+        # must still be bound from the runtime tensor before the wrapper uses it.
+        from torch._guards import detect_fake_mode
+        from torch._inductor.compile_fx import compile_fx
+
+        def backend(gm, example_inputs):
+            shape_env = detect_fake_mode(example_inputs).shape_env
+            with shape_env.ignore_fresh_unbacked_symbols():
+                return compile_fx(gm, example_inputs)
+
+        counts = torch.tensor([1, 2, 1, 0, 3])
+        x = torch.randn(5, 8)
+        self._compile_and_compare(self._gather_repeated, (counts, x), backend)
+
+    def test_stride_order_proven_without_guard(self):
+        from torch._inductor.virtualized import V
+
+        shape_env = ShapeEnv()
+        u0 = shape_env.create_unbacked_symint().node.expr  # u0 >= 0, no hint
+        with V.set_graph_handler(self._graph(shape_env)):
+            layout = ir.FixedLayout(
+                torch.device("cpu"), torch.float32, [2, u0, 256], [256 * u0, 256, 1]
+            )
+            self.assertTrue(layout.is_stride_ordered([2, 1, 0]))
+            transposed = ir.FixedLayout(
+                torch.device("cpu"), torch.float32, [u0, 2, 256], [256, 256 * u0, 1]
+            )
+            self.assertTrue(transposed.is_stride_ordered([1, 2, 0]))
+        self.assertEqual(shape_env.guards, [])
+        self.assertEqual(dict(shape_env.deferred_runtime_asserts), {})
+        self.assertNotIn(u0, shape_env.replacements)
+
+    def test_stride_order_sort_uses_hint_for_unbacked(self):
+        from torch.utils._sympy.functions import FloorDiv, Max
+
+        shape_env = ShapeEnv()
+        u0 = shape_env.create_unbacked_symint()
+        torch._dynamo.override_optimization_hint(u0, 16)
+        first = 256 * Max(1, FloorDiv(u0.node.expr, 2))
+        self.assertEqual(ir.get_stride_order([first, 256, 1], shape_env), [2, 1, 0])
+        self.assertEqual(shape_env.guards, [])
+
+    # ---- guards
+
+    def test_fallback_output_plain_compile(self):
+        counts = torch.tensor([1, 2, 1, 0, 3])
+        x = torch.randn(5, 8)
+        self._compile_and_compare(self._gather_repeated, (counts, x), "inductor")
+
+    def test_stride_order_rejects_wrong_order_without_guard(self):
+        from torch._inductor.virtualized import V
+
+        shape_env = ShapeEnv()
+        u0 = shape_env.create_unbacked_symint().node.expr
+        with V.set_graph_handler(self._graph(shape_env)):
+            layout = ir.FixedLayout(
+                torch.device("cpu"), torch.float32, [2, u0, 256], [256 * u0, 256, 1]
+            )
+            self.assertFalse(layout.is_stride_ordered([0, 1, 2]))
+        self.assertEqual(shape_env.guards, [])
+
+    def test_stride_order_static(self):
+        self.assertEqual(ir.get_stride_order([4096, 256, 1], ShapeEnv()), [2, 1, 0])
+        self.assertEqual(ir.get_stride_order([1, 16, 4], ShapeEnv()), [0, 2, 1])
