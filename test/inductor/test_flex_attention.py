@@ -1,9 +1,16 @@
 # Owner(s): ["module: flex attention"]
 import torch
 import torch._dynamo.config
+from torch._dynamo.decorators import mark_unbacked
+from torch._dynamo.testing import CompileCounterWithBackend
 from torch._dynamo.utils import counters
 from torch._higher_order_ops.flex_attention import flex_attention as flex_attention_hop
-from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.nn.attention.flex_attention import (
+    BlockMask,
+    create_block_mask,
+    flex_attention,
+)
+from torch.testing._internal.common_utils import TestCase, run_tests
 
 
 class TestFlexAttentionOuterUnbackedSeqLen(TestCase):
@@ -26,8 +33,8 @@ class TestFlexAttentionOuterUnbackedSeqLen(TestCase):
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx.experimental.proxy_tensor import make_fx
         from torch.fx.experimental.symbolic_shapes import (
-            free_unbacked_symbols,
             ShapeEnv,
+            free_unbacked_symbols,
             statically_known_true,
         )
         from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -73,19 +80,6 @@ class TestFlexAttentionOuterUnbackedSeqLen(TestCase):
             len(gm.graph.find_nodes(op="call_function", target=flex_attention_hop)),
             2,
         )
-
-
-if __name__ == "__main__":
-    run_tests()
-
-
-from torch._dynamo.decorators import mark_unbacked  # noqa: E402
-from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
-from torch.nn.attention.flex_attention import (  # noqa: E402
-    BlockMask,
-    create_block_mask,
-    flex_attention,
-)
 
 
 class TestFlexAttentionUnbackedLengths(TestCase):
@@ -251,3 +245,7 @@ class TestFlexAttentionUnbackedLengths(TestCase):
         self.assertEqual(counter.frame_count, 1)
         with self.assertRaisesRegex(self._expected_length_error(), "larger length"):
             compiled(self._qkv(self.S - 56), torch.arange(self.S))
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,6 +1,5 @@
 # Owner(s): ["module: inductor"]
 import sympy
-
 import torch
 import torch.nn.functional as F
 from torch._dynamo.source import ConstantSource
@@ -9,9 +8,8 @@ from torch._inductor.graph import GraphLowering
 from torch._inductor.utils import fresh_cache
 from torch._inductor.virtualized import V
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
-from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.testing._internal.common_utils import TestCase, run_tests
 from torch.utils._sympy.printers import PythonPrinter
-
 
 # Dimension orders as understood by Layout.is_stride_ordered (0 = smallest stride).
 NCHW = [3, 2, 1, 0]
@@ -165,17 +163,9 @@ class TestStrideOrderCompile(TestCase):
             self.assertEqual(got, ref, atol=1e-4, rtol=1e-4)
 
 
-if __name__ == "__main__":
-    run_tests()
-
-
 # ---------------------------------------------------------------------------
 # symfix: inductor-unbacked-codegen (pytorch/pytorch#183840, shipped in 2.13.0).
 # Self-contained: its own imports, so it does not depend on the classes above.
-import torch  # noqa: E402
-from torch._inductor import ir  # noqa: E402
-from torch.fx.experimental.symbolic_shapes import ShapeEnv  # noqa: E402
-from torch.testing._internal.common_utils import TestCase  # noqa: E402
 
 
 class TestInductorUnbackedCodegen(TestCase):
@@ -280,3 +270,7 @@ class TestInductorUnbackedCodegen(TestCase):
     def test_stride_order_static(self):
         self.assertEqual(ir.get_stride_order([4096, 256, 1], ShapeEnv()), [2, 1, 0])
         self.assertEqual(ir.get_stride_order([1, 16, 4], ShapeEnv()), [0, 2, 1])
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,259 @@
+# Owner(s): ["module: fakeTensor"]
+"""symfix regression tests for FakeTensor/ATen meta fixes that 2.13.0 already ships.
+
+Folded matmul (pytorch/pytorch#183397) and broadcasted bmm / math SDPA /
+aten.size.default redirect (pytorch/pytorch#183398).  Each class pairs proof tests
+(they fail under test/controls/<fix>.py, which takes the fix out again) with guard
+tests (behaviour that holds with or without the fix).
+"""
+
+import contextlib
+
+import sympy
+
+import torch
+import torch.nn.functional as F
+from torch._dispatch.python import enable_python_dispatcher
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import free_symbols, ShapeEnv
+from torch.nn.attention import sdpa_kernel, SDPBackend
+from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.utils._sympy.functions import FloorDiv
+
+
+def _exprs(shape):
+    """Sizes as sympy expressions, compared structurally (never guards)."""
+    return tuple(
+        s.node.expr if isinstance(s, torch.SymInt) else sympy.Integer(s)
+        for s in shape
+    )
+
+
+def _math_sdpa(q, k, v):
+    with sdpa_kernel(SDPBackend.MATH):
+        return (F.scaled_dot_product_attention(q, k, v),)
+
+
+def _size_then_view(x):
+    sizes = torch.ops.aten.size.default(x)
+    return (x.view(sizes[0] * sizes[1], sizes[2]),)
+
+
+class _UnbackedTraceMixin:
+    """Trace like the graph trainer: make_fx(tracing_mode="real") over fake inputs
+    whose sizes carry an unbacked symbol u0, optionally under the Python dispatcher."""
+
+    def trace(self, fn, shapes, *, python_dispatcher=False, hint=None):
+        shape_env = ShapeEnv()
+        fake_mode = FakeTensorMode(shape_env=shape_env)
+        with fake_mode:
+            u0 = shape_env.create_unbacked_symint()
+            if hint is not None:
+                shape_env.var_to_hint_override[u0.node.expr] = hint
+            torch._check(u0 >= 2)
+            inputs = [torch.randn(*make_shape(u0)) for make_shape in shapes]
+        ctx = enable_python_dispatcher() if python_dispatcher else contextlib.nullcontext()
+        with ctx:
+            gm = make_fx(fn, tracing_mode="real")(*inputs)
+        self.shape_env = shape_env
+        self.u0 = u0.node.expr
+        return gm
+
+    def outputs(self, gm):
+        (out,) = gm.graph.find_nodes(op="output")
+        return [arg.meta["val"] for arg in out.args[0]]
+
+    def targets(self, gm):
+        return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+    def assert_no_guard_on_u0(self):
+        self.assertEqual(self.shape_env.guards, [])
+        # u0 was never specialized to a number either
+        self.assertNotIn(self.u0, self.shape_env.replacements)
+
+    def assert_output_shape(self, gm, *expected):
+        vals = self.outputs(gm)
+        self.assertEqual(len(vals), len(expected))
+        for val, shape in zip(vals, expected):
+            self.assertEqual(_exprs(val.shape), tuple(sympy.sympify(s) for s in shape))
+
+
+class TestFoldedMatmulUnbacked(_UnbackedTraceMixin, TestCase):
+    """ND @ 1D / ND @ 2D with an unbacked batch (pytorch/pytorch#183397)."""
+
+    # ---- proof: plain FakeTensorMode, no Python dispatcher (C++ _matmul_impl fold)
+
+    def _check_folded(self, gm, *expected):
+        self.assert_output_shape(gm, *expected)
+        targets = self.targets(gm)
+        self.assertIn(torch.ops.aten._unsafe_view.default, targets)
+        self.assertNotIn(torch.ops.aten.bmm.default, targets)
+        self.assert_no_guard_on_u0()
+
+    def test_rank3_at_2d_no_python_dispatcher(self):
+        gm = self.trace(lambda x, w: (x @ w,), [lambda u: (u, 5, 32), lambda u: (32, 64)])
+        self._check_folded(gm, (self.u0, 5, 64))
+        self.assertIn(torch.ops.aten.mm.default, self.targets(gm))
+
+    def test_rank4_at_2d_no_python_dispatcher(self):
+        gm = self.trace(
+            lambda x, w: (x @ w,), [lambda u: (u, 3, 5, 16), lambda u: (16, 8)]
+        )
+        self._check_folded(gm, (self.u0, 3, 5, 8))
+        self.assertIn(torch.ops.aten.mm.default, self.targets(gm))
+
+    def test_rank3_at_1d_no_python_dispatcher(self):
+        gm = self.trace(lambda x, v: (x @ v,), [lambda u: (u, 5, 32), lambda u: (32,)])
+        self._check_folded(gm, (self.u0, 5))
+        self.assertIn(torch.ops.aten.mv.default, self.targets(gm))
+
+    def test_rank4_at_1d_no_python_dispatcher(self):
+        gm = self.trace(
+            lambda x, v: (x @ v,), [lambda u: (2, u, 5, 16), lambda u: (16,)]
+        )
+        self._check_folded(gm, (2, self.u0, 5))
+        self.assertIn(torch.ops.aten.mv.default, self.targets(gm))
+
+    def test_linear_rank3_no_bias_no_python_dispatcher(self):
+        gm = self.trace(
+            lambda x, w: (F.linear(x, w),), [lambda u: (u, 5, 32), lambda u: (64, 32)]
+        )
+        self._check_folded(gm, (self.u0, 5, 64))
+
+    def test_chunked_view_hinted_contiguity(self):
+        # Token grid [4, u0] chunked to an even length 2 * (u0 // 2): the row stride
+        # is still u0, so flattening needs u0 == 2 * (u0 // 2).  That holds at the
+        # hint (16) and must be recorded as a runtime check, not forced into a guard
+        # or a specialization.
+        def chunk_and_flatten(x):
+            n = x.shape[1] // 2
+            return (x.narrow(1, 0, 2 * n).view(-1),)
+
+        gm = self.trace(chunk_and_flatten, [lambda u: (4, u)], hint=16)
+        half = FloorDiv(self.u0, 2)
+        self.assert_output_shape(gm, (8 * half,))
+        self.assert_no_guard_on_u0()
+        (val,) = self.outputs(gm)
+        self.assertEqual(free_symbols(val.numel()), {self.u0})
+        asserts = [str(ra.expr) for ra in self.shape_env.deferred_runtime_asserts.get(self.u0, [])]
+        self.assertTrue(any("Eq(" in a and "u0//2" in a for a in asserts), asserts)
+
+    # ---- guards: Python dispatcher path (Python decomposition), static shapes
+
+    def test_rank3_and_rank4_at_2d_python_dispatcher(self):
+        gm = self.trace(
+            lambda x, y, w: (x @ w, y @ w),
+            [lambda u: (u, 5, 16), lambda u: (u, 3, 5, 16), lambda u: (16, 8)],
+            python_dispatcher=True,
+        )
+        self.assert_output_shape(gm, (self.u0, 5, 8), (self.u0, 3, 5, 8))
+        self.assertIn(torch.ops.aten.mm.default, self.targets(gm))
+        self.assert_no_guard_on_u0()
+
+    def test_rank3_and_rank4_at_1d_python_dispatcher(self):
+        gm = self.trace(
+            lambda x, y, v: (x @ v, y @ v),
+            [lambda u: (u, 5, 16), lambda u: (u, 3, 5, 16), lambda u: (16,)],
+            python_dispatcher=True,
+        )
+        self.assert_output_shape(gm, (self.u0, 5), (self.u0, 3, 5))
+        self.assert_no_guard_on_u0()
+
+    def test_chunked_view_contiguous_rows(self):
+        # [u0, 8] rows chunked to (2, u0 // 2, 8): contiguous, no hint needed.
+        def chunk(x):
+            n = x.shape[0] // 2
+            y = x.narrow(0, 0, 2 * n).view(2, n, 8)
+            return (y, y.view(2 * n, 8))
+
+        gm = self.trace(chunk, [lambda u: (u, 8)])
+        half = FloorDiv(self.u0, 2)
+        self.assert_output_shape(gm, (2, half, 8), (2 * half, 8))
+        self.assert_no_guard_on_u0()
+
+    def test_static_fold_unchanged(self):
+        with FakeTensorMode():
+            x, w = torch.randn(4, 5, 32), torch.randn(32, 64)
+            gm = make_fx(lambda x, w: (x @ w,), tracing_mode="real")(x, w)
+        (val,) = self.outputs(gm)
+        self.assertEqual(tuple(val.shape), (4, 5, 64))
+        self.assertIn(torch.ops.aten.mm.default, self.targets(gm))
+
+
+class TestBmmSdpaUnbackedBatch(_UnbackedTraceMixin, TestCase):
+    """Broadcasted bmm / math SDPA with an unbacked batch and the aten.size.default
+    -> aten.sym_size.default redirect (pytorch/pytorch#183398)."""
+
+    def _check_bmm(self, gm, *expected):
+        self.assert_output_shape(gm, *expected)
+        self.assertIn(torch.ops.aten.bmm.default, self.targets(gm))
+        self.assert_no_guard_on_u0()
+
+    # ---- proof: C++ broadcasted-bmm branch, no Python dispatcher
+
+    def test_rank4_broadcast_bmm_no_python_dispatcher(self):
+        gm = self.trace(
+            lambda x, w: (x @ w,), [lambda u: (u, 2, 5, 8), lambda u: (2, 8, 5)]
+        )
+        self._check_bmm(gm, (self.u0, 2, 5, 5))
+
+    def test_rank3_batched_bmm_no_python_dispatcher(self):
+        gm = self.trace(
+            lambda x, y: (x @ y,), [lambda u: (u, 5, 8), lambda u: (u, 8, 3)]
+        )
+        self._check_bmm(gm, (self.u0, 5, 3))
+
+    def test_math_sdpa_unbacked_batch_no_python_dispatcher(self):
+        gm = self.trace(_math_sdpa, [lambda u: (u, 2, 5, 8)] * 3)
+        self._check_bmm(gm, (self.u0, 2, 5, 8))
+
+    def test_math_sdpa_unbacked_heads_no_python_dispatcher(self):
+        gm = self.trace(_math_sdpa, [lambda u: (2, u, 5, 8)] * 3)
+        self._check_bmm(gm, (2, self.u0, 5, 8))
+
+    # ---- proof: aten.size.default redirect during torch-function metadata tracing
+
+    def test_size_default_redirected_to_sym_size(self):
+        gm = self.trace(_size_then_view, [lambda u: (u, 5, 8)])
+        self.assert_output_shape(gm, (5 * self.u0, 8))
+        self.assertIn(torch.ops.aten.sym_size.int, self.targets(gm))
+        self.assertNotIn(torch.ops.aten.size.default, self.targets(gm))
+        self.assert_no_guard_on_u0()
+
+    def test_size_default_redirected_python_dispatcher(self):
+        gm = self.trace(
+            _size_then_view, [lambda u: (u, 5, 8)], python_dispatcher=True, hint=8
+        )
+        self.assert_output_shape(gm, (5 * self.u0, 8))
+        self.assert_no_guard_on_u0()
+
+    # ---- guards
+
+    def test_rank4_broadcast_bmm_python_dispatcher(self):
+        gm = self.trace(
+            lambda x, w: (x @ w,),
+            [lambda u: (u, 2, 5, 8), lambda u: (2, 8, 5)],
+            python_dispatcher=True,
+        )
+        self._check_bmm(gm, (self.u0, 2, 5, 5))
+
+    def test_math_sdpa_unbacked_batch_python_dispatcher(self):
+        gm = self.trace(_math_sdpa, [lambda u: (u, 2, 5, 8)] * 3, python_dispatcher=True)
+        self._check_bmm(gm, (self.u0, 2, 5, 8))
+
+    def test_size_default_static_sizes_stay_ints(self):
+        def fn(x):
+            sizes = torch.ops.aten.size.default(x)
+            self.assertEqual(list(sizes), [3, 5, 8])
+            return (x.view(sizes[0] * sizes[1], sizes[2]),)
+
+        with FakeTensorMode():
+            gm = make_fx(fn, tracing_mode="real")(torch.randn(3, 5, 8))
+        (val,) = self.outputs(gm)
+        self.assertEqual(tuple(val.shape), (15, 8))
+        self.assertNotIn(torch.ops.aten.sym_size.int, self.targets(gm))
+
+
+if __name__ == "__main__":
+    run_tests()
