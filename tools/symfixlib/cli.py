@@ -12,7 +12,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from . import basewheel, build, checkout, envs, export, matrix, series, source
+from . import basewheel, bench, build, checkout, envs, export, matrix, series, source
 from .basewheel import Refused
 from .build import PatchFailed
 from .envs import EnvError
@@ -367,6 +367,34 @@ def cmd_rebase_status(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    s = load_series()
+    base = base_wheel(s, args.wheel)
+    w = bench.wheel(s, base)
+    print(f"\nwheel   base {base.path.stat().st_size / 1e6:.0f} MB, medians of 5")
+    print(f"  plain copy of the base wheel   {w['copy']:7.2f} s   1.00x (the floor)")
+    print(f"  verify the base                {w['verify']:7.2f} s")
+    print(f"  build (apply + pack)           {w['build']:7.2f} s   {w['build'] / w['copy']:5.1f}x "
+          f"copy, {w['build'] - w['copy']:+.2f} s (goal: within 5 s)")
+    print(f"  rebuild with inputs unchanged  {w['rebuild']:7.2f} s   "
+          f"{w['rebuild'] / w['build']:5.2f}x a fresh build")
+    stock = bench.workload(envs.python_of(ROOT / ".symfix" / "stock"), "--static")
+    patched = bench.workload(envs.python_of(VENV), "--unbacked", "--static")
+    print("\ngraph trainer step (test/distributed/bench_graph_trainer.py), medians")
+    if isinstance(stock, str) or isinstance(patched, str):
+        print(f"  not measured: {stock if isinstance(stock, str) else patched}")
+        return 0
+    k = patched["shapes"]
+    print(f"  trace: one unbacked graph (patched)         {patched['unbacked_trace_s']:7.2f} s")
+    print(f"         {k} static graphs, one per shape (stock) {stock['static_traces_s']:7.2f} s"
+          f"   ratio {patched['unbacked_trace_s'] / stock['static_traces_s']:5.2f}x")
+    print(f"  step:  unbacked graph (runtime asserts)     "
+          f"{patched['unbacked_step_s'] * 1e3:7.1f} ms")
+    print(f"         static graph                         {patched['static_step_s'] * 1e3:7.1f} ms"
+          f"   ratio {patched['unbacked_step_s'] / patched['static_step_s']:5.2f}x")
+    return 0
+
+
 def series_table(s: series.Series) -> str:
     rows = ["| fix | upstream | fixes | component | status | patch |", "|---|---|---|---|---|---|"]
     for f in s.fixes:
@@ -431,13 +459,15 @@ def main(argv: list[str] | None = None) -> int:
     so.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     so.add_argument("--no-test", action="store_true", help="skip the regression matrix")
     so.add_argument("--upstream", action="store_true", help="matrix also on upstream torch")
+    be = sub.add_parser("bench", help="speed ratios: wheel build, unbacked trace and step")
+    be.add_argument("--wheel", help="base torch 2.13.0 wheel (default: ask pip)")
     tb = sub.add_parser("table", help="write the series table into README.md")
     tb.add_argument("--check", action="store_true", help="only check that it is current")
     args = p.parse_args(argv)
     try:
         return {"wheel": cmd_wheel, "test": cmd_test, "status": cmd_status,
                 "table": cmd_table, "worktree": cmd_worktree,
-                "source": cmd_source, "export": cmd_export}[args.verb](args)
+                "source": cmd_source, "export": cmd_export, "bench": cmd_bench}[args.verb](args)
     except Refused as e:
         print(f"symfix: refusing {e}", file=sys.stderr)
         return 2
