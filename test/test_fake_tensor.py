@@ -10,7 +10,6 @@ tests (behaviour that holds with or without the fix).
 import contextlib
 
 import sympy
-
 import torch
 import torch.nn.functional as F
 from torch._dispatch.python import enable_python_dispatcher

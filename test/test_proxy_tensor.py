@@ -77,9 +77,9 @@ class TestUnbackedBindingProvenance(TestCase):
                 self.assertNotIn("unbacked_bindings", n.meta)
 
         # the batch stays symbolic: the graph runs for another batch size
-        t = torch.randint(0, 5, (3, 8))
-        l = torch.randint(0, 5, (3, 8))
-        self.assertEqual(gm(t, l), step(t, l))
+        tokens = torch.randint(0, 5, (3, 8))
+        labels = torch.randint(0, 5, (3, 8))
+        self.assertEqual(gm(tokens, labels), step(tokens, labels))
 
     def test_single_unbacked_input_binding_path(self):
         shape_env = ShapeEnv()

@@ -33,7 +33,6 @@ What the fix did, and what this control takes out again:
 
 import torch
 
-
 PRE_FIX_ERROR = "Cannot call sizes() on tensor with symbolic sizes/strides"
 
 _keep_alive = []

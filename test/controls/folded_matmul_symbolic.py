@@ -38,7 +38,6 @@ What the fix did, and what this control takes out again:
 
 import torch
 
-
 PRE_FIX_ERROR = "Cannot call numel() on tensor with symbolic sizes/strides"
 
 _keep_alive = []

@@ -4,7 +4,7 @@ import logging
 
 import torch
 from torch._dynamo.source import LocalSource
-from torch._logging._internal import trace_log, TorchLogsFormatter
+from torch._logging._internal import TorchLogsFormatter, trace_log
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import (
     DimDynamic,

@@ -8,14 +8,13 @@ bucket_all_gather / bucket_reduce_scatter.
 """
 
 import torch
-import torch.distributed as dist
 import torch._inductor.fx_passes.bucketing as bucketing
+import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_symbols, ShapeEnv
 from torch.testing._internal.common_utils import run_tests, TestCase
 from torch.testing._internal.distributed.fake_pg import FakeStore
-
 
 WORLD_SIZE = 2
 _c10d = torch.ops._c10d_functional

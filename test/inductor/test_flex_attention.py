@@ -10,7 +10,7 @@ from torch.nn.attention.flex_attention import (
     create_block_mask,
     flex_attention,
 )
-from torch.testing._internal.common_utils import TestCase, run_tests
+from torch.testing._internal.common_utils import run_tests, TestCase
 
 
 class TestFlexAttentionOuterUnbackedSeqLen(TestCase):
@@ -33,8 +33,8 @@ class TestFlexAttentionOuterUnbackedSeqLen(TestCase):
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx.experimental.proxy_tensor import make_fx
         from torch.fx.experimental.symbolic_shapes import (
-            ShapeEnv,
             free_unbacked_symbols,
+            ShapeEnv,
             statically_known_true,
         )
         from torch.nn.attention.flex_attention import BlockMask, flex_attention

@@ -8,7 +8,7 @@ from torch._inductor.graph import GraphLowering
 from torch._inductor.utils import fresh_cache
 from torch._inductor.virtualized import V
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
-from torch.testing._internal.common_utils import TestCase, run_tests
+from torch.testing._internal.common_utils import run_tests, TestCase
 from torch.utils._sympy.printers import PythonPrinter
 
 # Dimension orders as understood by Layout.is_stride_ordered (0 = smallest stride).

@@ -3,7 +3,6 @@
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -14,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from symfixlib import basewheel, build, export, series  # noqa: E402
+from symfixlib import basewheel, export, series  # noqa: E402
 from test_symfix_source import git, make_checkout, symfix  # noqa: E402
 
 SERIES = series.load()

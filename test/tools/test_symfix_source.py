@@ -13,7 +13,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from torch.testing._internal.common_utils import TestCase, run_tests
+from torch.testing._internal.common_utils import run_tests, TestCase
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from symfixlib import build, checkout, series  # noqa: E402
 from symfixlib.basewheel import Refused  # noqa: E402
-from test_symfix_wheel import real_base_wheel  # noqa: E402
+from test_symfix_wheel import real_base_wheel, series_with_broken_patch  # noqa: E402
 
 SERIES = series.load()
 
@@ -129,14 +129,10 @@ class TestSource(TestCase):
     def test_patch_that_does_not_apply_leaves_checkout_as_it_was(self):
         src = make_checkout(self.tmp / "pytorch")
         head = git(src, "rev-parse", "HEAD")
-        root = self.tmp / "series"
-        shutil.copytree(ROOT / "patches", root / "patches")
-        patch = root / "patches" / SERIES.patches[-1].name
-        text = patch.read_text()
-        line = text.index("\n ", text.index("\n@@ ")) + 2  # a context line of the first hunk
-        patch.write_text(text[:line] + "#" + text[line:])
-        with self.assertRaisesRegex(build.PatchFailed, f"patch {patch.name} does not apply"):
-            checkout.am(src, series.load(root).patches, "symfix/test")
+        broken = series_with_broken_patch(self.tmp / "series", -1)
+        with self.assertRaisesRegex(build.PatchFailed,
+                                    f"patch {SERIES.patches[-1].name} does not apply"):
+            checkout.am(src, broken.patches, "symfix/test")
         self.assertEqual(git(src, "rev-parse", "HEAD"), head)
         self.assertEqual(git(src, "status", "--porcelain"), "")
         self.assertEqual(git(src, "branch", "--list", "symfix/test"), "")

@@ -20,7 +20,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 from packaging.version import Version
-from torch.testing._internal.common_utils import TestCase, run_tests
+from torch.testing._internal.common_utils import run_tests, TestCase
 from wheel.wheelfile import WheelFile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,6 +58,18 @@ def mini_files(dist_info="torch-2.13.0+cpu.dist-info") -> dict[str, bytes]:
              "torch-2.13.0+cpu.dist-info/METADATA", "torch-2.13.0+cpu.dist-info/WHEEL"]
     files = base_members(names)
     return {n.replace("torch-2.13.0+cpu.dist-info", dist_info): d for n, d in files.items()}
+
+
+def series_with_broken_patch(tmp: Path, index: int) -> series.Series:
+    """The series, copied under ``tmp``, with one context line of a patch's first hunk changed
+    (its pre-image blob ids kept, so only applying it can tell)."""
+    shutil.copytree(ROOT / "patches", tmp / "patches")
+    shutil.copytree(ROOT / "test" / "controls", tmp / "test" / "controls")
+    patch = tmp / "patches" / SERIES.patches[index].name
+    text = patch.read_text()
+    line = text.index("\n ", text.index("\n@@ ")) + 2
+    patch.write_text(text[:line] + "#" + text[line:])
+    return series.load(tmp)
 
 
 def symfix(*args) -> subprocess.CompletedProcess:
@@ -187,17 +199,9 @@ class TestBuild(TestCase):
         self.assertEqual(again, first)
 
     def test_patch_that_does_not_apply(self):
-        root = self.tmp / "series"
-        shutil.copytree(ROOT / "patches", root / "patches")
-        patch = root / "patches" / SERIES.patches[0].name
-        text = patch.read_text()
-        # Break one context line of the first hunk (keeping the pre-image blob ids).
-        hunk_start = text.index("\n@@ ")
-        line_start = text.index("\n ", hunk_start + 1) + 2
-        patch.write_text(text[:line_start] + "#" + text[line_start:])
-        broken = series.load(root)
-        with self.assertRaisesRegex(build.PatchFailed,
-                                    rf"patch {patch.name} does not apply: .*hunk @@ -"):
+        broken = series_with_broken_patch(self.tmp / "series", 0)
+        with self.assertRaisesRegex(build.PatchFailed, rf"patch {SERIES.patches[0].name} "
+                                    "does not apply: .*hunk @@ -"):
             self.build("dist", broken)
         self.assertFalse((self.tmp / "dist").exists() and any((self.tmp / "dist").iterdir()))
 

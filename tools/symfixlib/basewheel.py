@@ -16,7 +16,7 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from wheel.wheelfile import WheelError, WheelFile
 
-from .series import Series, git_blob_id
+from .series import git_blob_id, Series
 
 
 class Refused(Exception):

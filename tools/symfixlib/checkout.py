@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 from .basewheel import Refused
-from .build import PatchFailed, failing_hunk
+from .build import failing_hunk, PatchFailed
 from .series import Patch, Series
 
 # git am needs a committer; keep the user's identity when they have one.

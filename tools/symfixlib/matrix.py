@@ -9,7 +9,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .series import ROOT, Fix, Series
+from .series import Fix, ROOT, Series
 
 PASS, FAIL = "passed", "failed"
 
