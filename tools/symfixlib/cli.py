@@ -85,10 +85,7 @@ def build_wheel(s: series.Series, base: basewheel.BaseWheel, dist: Path) -> Path
 def install(role: str, spec: str, key: str, link: Path | None = None) -> Path:
     step = Step("venv")
     path = envs.ensure(role, spec, key, link)
-    version = subprocess.run(
-        [str(envs.python_of(path)), "-c", "import torch; print(torch.__version__)"],
-        capture_output=True, text=True).stdout.strip()
-    step.done(f"{rel(path)}  (torch {version or '?'})")
+    step.done(f"{rel(path)}  (torch {envs.installed(path)['torch_version']})")
     return path
 
 

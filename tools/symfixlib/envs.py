@@ -68,7 +68,7 @@ def ensure(role: str, torch_spec: str, key: str, link: Path | None = None, say=p
     """
     link = link or ENVS.parent / role
     reqs = test_requirements()
-    want = {"role": role, "torch": torch_spec, "key": key, "requirements": reqs}
+    want = {"format": 2, "role": role, "torch": torch_spec, "key": key, "requirements": reqs}
     have = installed(link)
     if have and {k: have.get(k) for k in want if k != "torch"} == {
             k: v for k, v in want.items() if k != "torch"}:
@@ -94,7 +94,12 @@ def ensure(role: str, torch_spec: str, key: str, link: Path | None = None, say=p
                 if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode:
                     tail = "".join(log.read_text().splitlines(True)[-5:])
                     raise EnvError(f"{role}: `{' '.join(cmd[:4])} …` failed; see {log}\n{tail}")
-        (target / MARKER).write_text(json.dumps(want, indent=1) + "\n")
+        version = subprocess.run(
+            [str(python_of(target)), "-c", "import torch; print(torch.__version__)"],
+            capture_output=True, text=True).stdout.strip()
+        if not version:
+            raise EnvError(f"{role}: torch does not import in {target}; see {log}")
+        (target / MARKER).write_text(json.dumps({**want, "torch_version": version}, indent=1))
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise
