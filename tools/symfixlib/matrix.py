@@ -51,7 +51,7 @@ def expected(fix: Fix, kind: str, role: str) -> str:
     if role == "patched":
         return PASS
     if role == "upstream":
-        return PASS if fix.status == "patch" else FAIL
+        return FAIL if fix.status == "original" else PASS
     return FAIL  # stock lacks every fix the series carries
 
 
@@ -94,7 +94,7 @@ def table(series: Series, results: dict[str, dict[str, str] | str]) -> tuple[str
     roles = list(results)
     rows = [["fix", "status", *roles]]
     problems: list[str] = []
-    for fix in series.fixes:
+    for fix in series.rows:
         row = [fix.id, fix.status]
         for role in roles:
             got = results[role]
@@ -119,4 +119,4 @@ def table(series: Series, results: dict[str, dict[str, str] | str]) -> tuple[str
 
 
 def all_test_ids(series: Series) -> list[str]:
-    return [t for fix in series.fixes for t in fix.tests]
+    return [t for fix in series.rows for t in fix.tests]

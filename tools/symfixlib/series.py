@@ -55,6 +55,7 @@ class Fix:
     proof: tuple[str, ...] = ()
     guard: tuple[str, ...] = ()
     control: str | None = None
+    needs: tuple[str, ...] = ()  # acceptance: the fixes the workload depends on
     note: str = ""
 
     @property
@@ -69,6 +70,12 @@ class Series:
     upstream: dict
     fixes: list[Fix]
     patches: list[Patch] = field(default_factory=list)  # in apply order
+    acceptance: Fix | None = None  # the workload the series exists for
+
+    @property
+    def rows(self) -> list[Fix]:
+        """The matrix rows: every fix, then the acceptance workload."""
+        return self.fixes + ([self.acceptance] if self.acceptance else [])
 
     def fix_for(self, patch: Patch) -> Fix:
         return next(f for f in self.fixes if f.patch == patch.name)
@@ -130,6 +137,11 @@ def load(root: Path = ROOT) -> Series:
         row = {k: tuple(v) if isinstance(v, list) else v for k, v in row.items()}
         fixes.append(Fix(**row))
     series = Series(root, manifest["base"], manifest["upstream"], fixes)
+    if acc := manifest.get("acceptance"):
+        acc = {k: tuple(v) if isinstance(v, list) else v for k, v in acc.items()}
+        series.acceptance = Fix(upstream=(), fixes=(), status="acceptance", **acc)
+        if unknown := set(series.acceptance.needs) - {f.id for f in fixes}:
+            raise SeriesError(f"manifest: acceptance needs unknown fixes {sorted(unknown)}")
 
     names = [ln.strip() for ln in (pdir / "series").read_text().splitlines()
              if ln.strip() and not ln.startswith("#")]
