@@ -110,10 +110,11 @@ def cmd_test(args) -> int:
               + ("symfix" if build.read_provenance(out) else "none (not a symfix build)"))
     else:
         out = build_wheel(s, base, DIST)
+    out_sha = basewheel.sha256_file(out)
     pythons: dict[str, Path | str] = {
         "stock": install("stock", str(base.path), base.sha256),
-        "patched": (install("tested", str(out), basewheel.sha256_file(out)) if args.wheel
-                    else install("patched", str(out), basewheel.sha256_file(out), VENV)),
+        "patched": install(*(("tested", str(out), out_sha) if args.wheel
+                             else ("patched", str(out), out_sha, VENV))),
     }
     if args.upstream:
         ok, free, need = envs.has_room("upstream")
