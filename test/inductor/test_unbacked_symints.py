@@ -272,5 +272,120 @@ class TestInductorUnbackedCodegen(TestCase):
         self.assertEqual(ir.get_stride_order([1, 16, 4], ShapeEnv()), [0, 2, 1])
 
 
+# ---------------------------------------------------------------------------
+# symfix: inductor-compound-stride-guard (pytorch/pytorch#190965) through a real
+# CPU compile.
+
+
+class TestCompoundStrideCompile(TestCase):
+    """A whole torch.compile on CPU that reaches Layout's stride-order check with
+    compound strides in expanded polynomial form (pytorch#188323, #188422).
+
+    The first conv's lowering specializes the dynamic channel count (its weight
+    shares that size). The padded/cropped channels-last tensor is a graph output,
+    so Inductor fixes its layout to the FX strides; read after the
+    specialization, those come back expanded, e.g. 5*w - 10*p and
+    5*h*w - 10*h*p - 10*p*w + 20*p**2. The second conv then asks whether that
+    layout is channels-last ordered.
+    """
+
+    @staticmethod
+    def _pad_then_conv(x, w1, w2, pad_len):
+        p = pad_len.shape[0]
+        a = F.conv2d(x, w1)
+        y = F.pad(x, (p, p, p, p)) * 2
+        return a, y, F.conv2d(y, w2)
+
+    @staticmethod
+    def _crop_then_conv(x, w1, w2, pad_len):
+        p = pad_len.shape[0]
+        a = F.conv2d(x, w1)
+        y = F.pad(x, (-p, -p, -p, -p)) * 2
+        return a, y, F.conv2d(y, w2)
+
+    def _compile_and_compare(self, fn, x, pad_len):
+        torch.manual_seed(0)
+        w1 = torch.randn(7, 5, 3, 3)
+        w2 = torch.randn(6, 5, 3, 3)
+        args = (x.to(memory_format=torch.channels_last), w1, w2, pad_len)
+        torch._dynamo.reset()
+        with fresh_cache():
+            got = torch.compile(fn, backend="inductor", dynamic=True)(*args)
+        ref = fn(*args)
+        self.assertEqual(len(got), len(ref))
+        for g, r in zip(got, ref):
+            self.assertEqual(g.shape, r.shape)
+            self.assertEqual(g, r, atol=1e-4, rtol=1e-4)
+        # the padded graph output keeps eager's (channels-last) strides
+        self.assertEqual(got[1].stride(), ref[1].stride())
+
+    # ---- proof
+
+    def test_conv_of_cropped_channels_last_output(self):
+        # Spatial extents h - 2*p, w - 2*p: on 2.13.0 the divisibility guard
+        # holds a reciprocal power and raises "ValueError: Exponent must be
+        # non-negative" from the second conv's lowering.
+        torch.manual_seed(0)
+        x = torch.randn(2, 5, 17, 19)
+        self._compile_and_compare(self._crop_then_conv, x, torch.zeros(4))
+
+    def test_conv_of_padded_channels_last_output(self):
+        # Spatial extents h + 2*p, w + 2*p: the same guard raises
+        # "ValueRangeError: Invalid ranges [0:-1]" on 2.13.0.
+        torch.manual_seed(0)
+        x = torch.randn(2, 5, 9, 11)
+        self._compile_and_compare(self._pad_then_conv, x, torch.zeros(4))
+
+    def test_segformer_style_sequence_reduction_conv(self):
+        # The #188422 model shape (SegFormer efficient attention): an
+        # overlapping patch-embedding conv gives extents (h - 1)//4 + 1,
+        # (w - 1)//4 + 1; the normalized token sequence is a graph output and,
+        # transposed back to an image, feeds the sequence-reduction conv.
+        # 2.13.0 raised "ValueRangeError: Invalid ranges [0:-1]" there.
+        def fn(x, w_embed, w_reduce):
+            y = F.conv2d(x, w_embed, stride=4, padding=3)
+            b, c, h, w = y.shape
+            tokens = F.layer_norm(y.flatten(2).transpose(1, 2), (c,))
+            image = tokens.transpose(1, 2).reshape(b, c, h, w)
+            return tokens, F.conv2d(image, w_reduce, stride=2)
+
+        torch.manual_seed(0)
+        args = (
+            torch.randn(2, 3, 64, 48),
+            torch.randn(16, 3, 7, 7),
+            torch.randn(16, 16, 2, 2),
+        )
+        torch._dynamo.reset()
+        with fresh_cache():
+            got = torch.compile(fn, backend="inductor", dynamic=True)(*args)
+        ref = fn(*args)
+        for g, r in zip(got, ref):
+            self.assertEqual(g.shape, r.shape)
+            self.assertEqual(g, r, atol=1e-4, rtol=1e-4)
+
+    def test_tokens_viewed_back_as_image_output(self):
+        # The #188423 path: no second conv; the image-shaped view of the
+        # token output is itself a graph output, so GraphLowering.run_node asks
+        # for the FX stride order of that view (require_stride_order). On
+        # 2.13.0 this raised "ValueRangeError: Invalid ranges [0:-1]" outside
+        # any lowering.
+        def fn(x, w_embed):
+            y = F.conv2d(x, w_embed, stride=4, padding=3)
+            b, c, h, w = y.shape
+            tokens = F.layer_norm(y.flatten(2).transpose(1, 2), (c,))
+            return tokens, tokens.transpose(1, 2).reshape(b, c, h, w)
+
+        torch.manual_seed(0)
+        args = (torch.randn(2, 3, 64, 48), torch.randn(16, 3, 7, 7))
+        torch._dynamo.reset()
+        with fresh_cache():
+            got = torch.compile(fn, backend="inductor", dynamic=True)(*args)
+        ref = fn(*args)
+        for g, r in zip(got, ref):
+            self.assertEqual(g.shape, r.shape)
+            self.assertEqual(g.stride(), r.stride())
+            self.assertEqual(g, r, atol=1e-4, rtol=1e-4)
+
+
 if __name__ == "__main__":
     run_tests()
