@@ -1,5 +1,8 @@
 # Owner(s): ["module: ProxyTensor"]
 import operator
+import pickle
+import subprocess
+import sys
 
 import torch
 import torch.utils._pytree as pytree
@@ -12,6 +15,7 @@ from torch.fx.experimental.symbolic_shapes import (
     ShapeEnv,
     StatelessSymbolicContext,
 )
+from torch.nn.attention.flex_attention import flex_attention
 from torch.testing._internal.common_utils import run_tests, TestCase
 
 
@@ -166,6 +170,83 @@ class TestScalarPlaceholderVal(TestCase):
         x_ph, n_ph = _placeholders(gm)
         self.assertIsInstance(n_ph.meta["val"], torch.SymInt)
         self.assertIsInstance(x_ph.meta["val"], torch.Tensor)
+
+
+def _relative_position(score, b, h, q_idx, kv_idx):
+    return score + (q_idx - kv_idx) * (h + 1)
+
+
+def _attention_step(q: "torch.Tensor", k: "torch.Tensor") -> "torch.Tensor":
+    # String annotations, as under `from __future__ import annotations`.
+    return flex_attention(q, k, q + 1, score_mod=_relative_position)
+
+
+_UNPICKLE_AND_RUN = """
+import pickle, sys
+import torch
+gm, args = pickle.loads(sys.stdin.buffer.read())
+sys.stdout.buffer.write(pickle.dumps(gm(*args)))
+"""
+
+
+class TestPickleCapturedGraph(TestCase):
+    """Captured make_fx graphs, with FlexAttention subgraphs, shipped to
+    another process with pickle."""
+
+    def _step_graph(self):
+        args = (torch.randn(1, 2, 16, 8), torch.randn(1, 2, 16, 8))
+        return make_fx(_attention_step)(*args), args
+
+    def _run_in_fresh_process(self, gm, args):
+        # A process that imported nothing but torch.
+        proc = subprocess.run(
+            [sys.executable, "-c", _UNPICKLE_AND_RUN],
+            input=pickle.dumps((gm, args)),
+            capture_output=True,
+            check=False,
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr.decode()[-2000:])
+        return pickle.loads(proc.stdout)
+
+    # Proof tests.
+
+    def test_pickle_graph_with_string_annotations(self):
+        # Stock 2.13.0: "'str' object has no attribute '__name__'".
+        gm, args = self._step_graph()
+        self.assertEqual(
+            len(gm.graph.find_nodes(op="call_function", target=torch.ops.higher_order.flex_attention)),
+            1,
+        )
+        self.assertEqual(pickle.loads(pickle.dumps(gm))(*args), _attention_step(*args))
+
+    def test_unpickle_make_fx_graph_in_fresh_process(self):
+        # Stock 2.13.0 and 2.14.1: "module 'torch._higher_order_ops' has no
+        # attribute 'triton_kernel_wrap'".
+        x = torch.randn(4, 3)
+        gm = make_fx(lambda x: torch.mm(x, x.t()).relu() + 1)(x)
+        self.assertEqual(self._run_in_fresh_process(gm, (x,)), torch.mm(x, x.t()).relu() + 1)
+
+    def test_unpickle_flex_attention_graph_in_fresh_process(self):
+        def step(q, k):
+            return flex_attention(q, k, q + 1, score_mod=_relative_position)
+
+        args = (torch.randn(1, 2, 16, 8), torch.randn(1, 2, 16, 8))
+        gm = make_fx(step)(*args)
+        self.assertEqual(self._run_in_fresh_process(gm, args), step(*args))
+
+    # Guard test: unpickling where the triton wrapper module is already loaded.
+
+    def test_unpickle_in_same_process(self):
+        import torch._higher_order_ops.triton_kernel_wrap  # noqa: F401
+
+        x = torch.randn(5)
+        gm = make_fx(lambda x: x.sin() * 2)(x)
+        gm2 = pickle.loads(pickle.dumps(gm))
+        self.assertEqual(gm2(x), x.sin() * 2)
+        self.assertEqual(
+            [n.target for n in gm2.graph.nodes if n.op == "call_function"],
+            [n.target for n in gm.graph.nodes if n.op == "call_function"],
+        )
 
 
 if __name__ == "__main__":

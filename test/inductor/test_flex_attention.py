@@ -1,13 +1,25 @@
 # Owner(s): ["module: flex attention"]
 import torch
 import torch._dynamo.config
+import torch.nn.functional as F
 from torch._dynamo.decorators import mark_unbacked
+from torch._dynamo.source import ConstantSource
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._dynamo.utils import counters
 from torch._higher_order_ops.flex_attention import flex_attention as flex_attention_hop
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import (
+    DimDynamic,
+    free_unbacked_symbols,
+    ShapeEnv,
+    StatelessSymbolicContext,
+    statically_known_true,
+)
 from torch.nn.attention.flex_attention import (
     BlockMask,
     create_block_mask,
+    create_mask,
     flex_attention,
 )
 from torch.testing._internal.common_utils import run_tests, TestCase
@@ -245,6 +257,208 @@ class TestFlexAttentionUnbackedLengths(TestCase):
         self.assertEqual(counter.frame_count, 1)
         with self.assertRaisesRegex(self._expected_length_error(), "larger length"):
             compiled(self._qkv(self.S - 56), torch.arange(self.S))
+
+
+def _trace_under_fake_mode(fn, *real_args):
+    # How a graph trainer captures its step: make_fx under the trainer's own
+    # FakeTensorMode (no Python dispatcher), with the lengths data-dependent.
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+    args = [fake_mode.from_tensor(a) for a in real_args]
+    with fake_mode:
+        return make_fx(fn, tracing_mode="real")(*args)
+
+
+def _causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+class TestFlexAttentionBlockMaskInTracedStep(TestCase):
+    """The BlockMask of a traced step built from the step's unbacked sequence
+    length: padding the dense mask up to whole blocks (aten.constant_pad_nd)
+    and the q-block transpose of the kv blocks (compute_q_blocks)."""
+
+    BLOCK = 128
+
+    @classmethod
+    def _pad_to_blocks(cls, mask):
+        def pad(n):
+            return (n + cls.BLOCK - 1) // cls.BLOCK * cls.BLOCK - n
+
+        return F.pad(mask, (0, pad(mask.shape[-1]), 0, pad(mask.shape[-2])))
+
+    @staticmethod
+    def _seq_len(t):
+        seq = t.item()
+        torch._check(seq >= 1)
+        torch._check(seq <= 1024)
+        return seq
+
+    def _block_counts_step(self, t):
+        # What create_block_mask does on the way to kv_num_blocks.
+        seq = self._seq_len(t)
+        mask = self._pad_to_blocks(create_mask(_causal, 1, 1, seq, seq, "cpu"))
+        _, _, q, kv = mask.shape
+        blocks = mask.view(1, 1, q // self.BLOCK, self.BLOCK, kv // self.BLOCK, self.BLOCK)
+        return (blocks.sum(dim=[3, 5]) > 0).sum(-1)
+
+    # Proof tests: stock 2.13.0 runs the C++ constant_pad_nd kernel on the
+    # symbolic sizes (no Python dispatcher under a user fake mode).
+
+    def test_pad_mask_to_blocks_with_unbacked_seq_len(self):
+        def step(t):
+            return self._block_counts_step(t)
+
+        gm = _trace_under_fake_mode(step, torch.tensor(200))
+        (pad_node,) = gm.graph.find_nodes(
+            op="call_function", target=torch.ops.aten.constant_pad_nd.default
+        )
+        self.assertTrue(free_unbacked_symbols(pad_node.meta["val"].shape[-1]))
+        # One graph for every length.
+        for seq in (1, 128, 200, 300):
+            t = torch.tensor(seq)
+            self.assertEqual(gm(t), self._block_counts_step(t))
+
+    def test_pad_with_unbacked_amount_of_static_tensor(self):
+        def fn(t, x):
+            return F.pad(x, (0, self._seq_len(t)), value=3.0)
+
+        x = torch.randn(2, 5)
+        gm = _trace_under_fake_mode(fn, torch.tensor(4), x)
+        for n in (1, 4, 9):
+            self.assertEqual(gm(torch.tensor(n), x), fn(torch.tensor(n), x))
+
+    def test_pad_backed_sizes_does_not_specialize(self):
+        shape_env = ShapeEnv()
+        fake_mode = FakeTensorMode(shape_env=shape_env)
+        x = fake_mode.from_tensor(
+            torch.ones(200, 200),
+            symbolic_context=StatelessSymbolicContext(
+                dynamic_sizes=[DimDynamic.DYNAMIC] * 2
+            ),
+            source=ConstantSource("mask"),
+        )
+        s0, s1 = x.shape
+        with fake_mode:
+            out = self._pad_to_blocks(x)
+        self.assertEqual(len(shape_env.guards), 0)
+        self.assertTrue(statically_known_true(out.shape[-2] == (s0 + 127) // 128 * 128))
+        self.assertTrue(statically_known_true(out.shape[-1] == (s1 + 127) // 128 * 128))
+
+    # Guard tests: what a fake pad must keep.
+
+    def test_pad_static_sizes_under_fake_mode(self):
+        x = torch.randn(3, 4, 5)
+        pads = ((1, 2), (0, 0, 2, 3), (-1, 2, 0, -2), (0, -5))
+        expected = [F.pad(x, pad).shape for pad in pads]
+        with FakeTensorMode() as fake_mode:
+            fx = fake_mode.from_tensor(x)
+            self.assertEqual([F.pad(fx, pad).shape for pad in pads], expected)
+
+    def test_pad_negative_unbacked_size_is_runtime_error(self):
+        def fn(t, x):
+            return F.pad(x, (0, -self._seq_len(t)))
+
+        x = torch.randn(2, 5)
+        gm = _trace_under_fake_mode(fn, torch.tensor(4), x)
+        self.assertEqual(gm(torch.tensor(3), x), x[:, :2])
+        with self.assertRaises(RuntimeError):
+            gm(torch.tensor(6), x)
+
+    # BlockMask.from_kv_blocks(compute_q_blocks=True): the q-block transpose.
+
+    @staticmethod
+    def _ordered_from_dense(dense):
+        # kv_num_blocks / kv_indices of a dense block mask [..., rows, cols].
+        num = dense.sum(-1).to(torch.int32)
+        idx = torch.argsort(dense.to(torch.int32), dim=-1, descending=True, stable=True)
+        return num, idx.to(torch.int32)
+
+    @staticmethod
+    def _dense_from_ordered(num, idx, cols):
+        dense = torch.zeros(*idx.shape[:-1], cols, dtype=torch.int32)
+        for pos in torch.cartesian_prod(*[torch.arange(n) for n in idx.shape[:-1]]):
+            pos = tuple(pos.tolist())
+            dense[pos][idx[pos][: num[pos]].long()] = 1
+        return dense
+
+    def _q_blocks_step(self, t):
+        # A triangular block mask with a data-dependent number of blocks.
+        n = self._seq_len(t)
+        kv_indices = torch.arange(n, dtype=torch.int32).expand(1, 1, n, n).contiguous()
+        kv_num_blocks = torch.arange(1, n + 1, dtype=torch.int32).view(1, 1, n)
+        bm = BlockMask.from_kv_blocks(kv_num_blocks, kv_indices, compute_q_blocks=True)
+        return bm.q_num_blocks, bm.q_indices
+
+    # Proof tests: stock 2.13.0 and 2.14.1 fail in create_dense_one (vmap of an
+    # advanced-index write) on the unbacked number of block rows.
+
+    def test_q_blocks_from_unbacked_kv_blocks(self):
+        def step(t):
+            return self._q_blocks_step(t)
+
+        gm = _trace_under_fake_mode(step, torch.tensor(5))
+        for n in (1, 3, 8):
+            t = torch.tensor(n)
+            self.assertEqual(gm(t), step(t))
+
+    def test_q_blocks_from_unbacked_kv_blocks_compiled(self):
+        def fn(kv_num_blocks, kv_indices):
+            bm = BlockMask.from_kv_blocks(
+                kv_num_blocks, kv_indices, compute_q_blocks=True
+            )
+            return bm.q_num_blocks, bm.q_indices
+
+        counter = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(fn, backend=counter, fullgraph=True)
+        for rows in (4, 6):
+            dense = torch.rand(2, 3, rows, rows) < 0.5
+            num, idx = self._ordered_from_dense(dense)
+            num_c, idx_c = num.clone(), idx.clone()
+            mark_unbacked(num_c, 2)
+            mark_unbacked(idx_c, 2)
+            mark_unbacked(idx_c, 3)
+            self.assertEqual(compiled(num_c, idx_c), fn(num, idx))
+        self.assertEqual(counter.frame_count, 1)
+
+    def test_create_block_mask_and_attend_in_traced_step(self):
+        # The trainer's step: the causal BlockMask is built inside the graph
+        # from the unbacked sequence length and used by flex_attention.
+        def step(t, x):
+            seq = self._seq_len(t)
+            q = x[:seq].view(1, 1, seq, 8)
+            bm = create_block_mask(_causal, None, None, seq, seq, device="cpu")
+            return flex_attention(q, q * 2, q + 1, block_mask=bm)
+
+        x = torch.randn(1024, 8)
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        args = [fake_mode.from_tensor(a) for a in (torch.tensor(200), x)]
+        with (
+            torch._dynamo.config.patch(force_compile_during_fx_trace=True),
+            torch.compiler._non_strict_tracing_context(),
+            fake_mode,
+        ):
+            gm = make_fx(step, tracing_mode="real", _disable_torch_fn_metadata_mode=True)(
+                *args
+            )
+        self.assertEqual(
+            len(gm.graph.find_nodes(op="call_function", target=flex_attention_hop)), 1
+        )
+        for seq in (200, 129, 300):
+            t = torch.tensor(seq)
+            self.assertEqual(gm(t, x), step(t, x))
+
+    # Guard test: the transpose itself, with batch and head dims.
+
+    def test_q_blocks_are_transposed_kv_blocks(self):
+        torch.manual_seed(0)
+        dense = torch.rand(2, 3, 5, 7) < 0.4
+        num, idx = self._ordered_from_dense(dense)
+        bm = BlockMask.from_kv_blocks(num, idx, compute_q_blocks=True)
+        self.assertEqual(bm.q_num_blocks.shape, (2, 3, 7))
+        self.assertEqual(
+            self._dense_from_ordered(bm.q_num_blocks, bm.q_indices, 5),
+            dense.transpose(-2, -1).to(torch.int32),
+        )
 
 
 if __name__ == "__main__":

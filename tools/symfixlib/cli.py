@@ -400,7 +400,8 @@ def series_table(s: series.Series) -> str:
         prs = ", ".join(f"[#{n}](https://github.com/pytorch/pytorch/pull/{n})" for n in f.upstream)
         bugs = ", ".join(f"#{b}" if isinstance(b, int) else str(b) for b in f.fixes)
         patch = f"`{f.patch}`" if f.patch else "–"
-        rows.append(f"| {f.title} | {prs} | {bugs} | {f.component} | {f.status} | {patch} |")
+        rows.append(f"| {f.title} | {prs or '–'} | {bugs or '–'} | {f.component} | {f.status} "
+                    f"| {patch} |")
     return "\n".join(rows)
 
 

@@ -1,0 +1,165 @@
+# Owner(s): ["module: sdpa"]
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.decorators import mark_unbacked
+from torch._dynamo.source import ConstantSource
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import (
+    DimDynamic,
+    GuardOnDataDependentSymNode,
+    ShapeEnv,
+    StatelessSymbolicContext,
+)
+from torch.testing._internal.common_utils import run_tests, TestCase
+
+aten = torch.ops.aten
+
+
+def _attend(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+def _attend_masked(q, k, v, mask):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+class TestSDPAUnbackedSeqLenCPU(TestCase):
+    """CPU scaled_dot_product_attention traced with an unbacked sequence
+    length whose range includes 0 (mark_unbacked(..., min=0)): the CPU
+    backend choice must not guard on Eq(u, 0). The fused CPU kernel cannot run
+    a zero-length sequence, so the traced graph must hold a backend that is
+    correct for every length."""
+
+    def setUp(self):
+        super().setUp()
+        torch._dynamo.reset()
+
+    def tearDown(self):
+        torch._dynamo.reset()
+        super().tearDown()
+
+    @staticmethod
+    def _qkv(seq_len, kv_len=None):
+        kv_len = seq_len if kv_len is None else kv_len
+        return (
+            torch.randn(2, 3, seq_len, 16),
+            torch.randn(2, 3, kv_len, 16),
+            torch.randn(2, 3, kv_len, 16),
+        )
+
+    @staticmethod
+    def _unbacked(tensors, dim, min):
+        out = []
+        for t in tensors:
+            t = t.clone()
+            mark_unbacked(t, dim, min=min)
+            out.append(t)
+        return out
+
+    def _aten_targets(self, fn, args, min):
+        # The ops of the forward graph AOTAutograd traces (no decompositions).
+        graphs = []
+
+        def fw_compiler(gm, example_inputs):
+            graphs.append(gm)
+            return gm
+
+        compiled = torch.compile(
+            fn, backend=aot_autograd(fw_compiler=fw_compiler), fullgraph=True
+        )
+        compiled(*self._unbacked(args, 2, min))
+        (gm,) = graphs
+        return {n.target for n in gm.graph.nodes if n.op == "call_function"}
+
+    # Proof tests: stock 2.13.0 and 2.14.1 raise a data-dependent error on
+    # Eq(u0, 0) while tracing.
+
+    def test_seq_len_min_zero_compiles_once(self):
+        counter = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(_attend, backend=counter, fullgraph=True)
+        for seq_len in (8, 5, 1):
+            qkv = self._qkv(seq_len)
+            self.assertEqual(compiled(*self._unbacked(qkv, 2, min=0)), _attend(*qkv))
+        self.assertEqual(counter.frame_count, 1)
+
+    def test_zero_length_sequence_runs(self):
+        # The fused CPU kernel cannot run this length; the traced graph must.
+        compiled = torch.compile(_attend, backend="aot_eager", fullgraph=True)
+        qkv = self._qkv(0)
+        out = compiled(*self._unbacked(qkv, 2, min=0))
+        self.assertEqual(out.shape, (2, 3, 0, 16))
+        self.assertEqual(out, _attend(*qkv))
+
+    def test_kv_len_min_zero_with_mask(self):
+        def fn(q, kv, mask):
+            return _attend_masked(q, kv, kv * 2, mask)
+
+        compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+        for kv_len in (6, 0):
+            q, kv, _ = self._qkv(4, kv_len)
+            mask = torch.rand(4, kv_len) < 0.7
+            mask[:, :1] = True
+            kv_c, mask_c = kv.clone(), mask.clone()
+            mark_unbacked(kv_c, 2, min=0)
+            mark_unbacked(mask_c, 1, min=0)
+            self.assertEqual(compiled(q, kv_c, mask_c), fn(q, kv, mask))
+
+    def test_seq_len_min_zero_backward(self):
+        q, k, v = self._qkv(7)
+        q_c, k_c, v_c = (t.requires_grad_() for t in self._unbacked((q, k, v), 2, 0))
+        q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+        compiled = torch.compile(_attend, backend="aot_eager", fullgraph=True)
+        out_c, out = compiled(q_c, k_c, v_c), _attend(q, k, v)
+        self.assertEqual(out_c, out)
+        out_c.sum().backward()
+        out.sum().backward()
+        for a, b in ((q_c, q), (k_c, k), (v_c, v)):
+            self.assertEqual(a.grad, b.grad)
+
+    def test_seq_len_min_zero_traces_math_backend(self):
+        targets = self._aten_targets(_attend, self._qkv(8), min=0)
+        self.assertNotIn(aten._scaled_dot_product_flash_attention_for_cpu.default, targets)
+
+    # Guard tests: what the choice must keep.
+
+    def test_nonzero_unbacked_seq_len_keeps_fused_cpu_backend(self):
+        targets = self._aten_targets(_attend, self._qkv(8), min=1)
+        self.assertIn(aten._scaled_dot_product_flash_attention_for_cpu.default, targets)
+
+    def test_backed_dynamic_seq_len_keeps_fused_cpu_backend(self):
+        gm = make_fx(_attend, tracing_mode="symbolic")(*self._qkv(8))
+        self.assertEqual(
+            len(
+                gm.graph.find_nodes(
+                    op="call_function",
+                    target=aten._scaled_dot_product_flash_attention_for_cpu.default,
+                )
+            ),
+            1,
+        )
+
+    def test_plain_fake_mode_choice_is_still_cpp(self):
+        # Documents what is left: without the Python dispatcher (a plain
+        # FakeTensorMode) the choice runs entirely in the C++ composite
+        # (select_sdp_backend_cpp -> check_nonzero_sequence_lengths_dense,
+        # `sym_size(-2) == 0` read as a bool), which Python cannot reach
+        # without a C++ rebuild.
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        q = fake_mode.from_tensor(
+            torch.randn(2, 3, 8, 16),
+            symbolic_context=StatelessSymbolicContext(
+                dynamic_sizes=[DimDynamic.STATIC] * 2
+                + [DimDynamic.UNBACKED, DimDynamic.STATIC]
+            ),
+            source=ConstantSource("q"),
+        )
+        with fake_mode, self.assertRaises(GuardOnDataDependentSymNode):
+            _attend(q, q, q)
+
+
+if __name__ == "__main__":
+    run_tests()
