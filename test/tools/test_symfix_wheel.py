@@ -174,6 +174,7 @@ class TestBuild(TestCase):
         self.assertIn(f"\nVersion: {version}\n",
                       contents[f"torch-{version}.dist-info/METADATA"].decode())
         self.assertFalse([n for n in names if n.startswith("torch-2.13.0+cpu.dist-info")])
+        self.assertEqual(out.stat().st_mode & 0o777, 0o644)
         for patch in SERIES.patches:
             for change in patch.changes:
                 post = [c.post_blob for p in SERIES.patches for c in p.changes
@@ -189,6 +190,15 @@ class TestBuild(TestCase):
         self.assertIn(183837, [p["upstream"] for p in prov["PATCHES"]])
         for entry, patch in zip(prov["PATCHES"], SERIES.patches, strict=True):
             self.assertEqual(entry["sha256"], hashlib.sha256(patch.path.read_bytes()).hexdigest())
+
+    def test_killed_build_leaves_nothing_visible(self):
+        # A build killed mid-write leaves only a hidden .partial file, removed by the next build.
+        dist = self.tmp / "dist"
+        dist.mkdir()
+        (dist / ".torch-2.13.0+cpu.symfix1-cp311-cp311-linux_x86_64.whl.x.partial").write_text("")
+        self.build()
+        self.assertEqual([p.name for p in dist.iterdir()],
+                         [f"torch-2.13.0+cpu.{SERIES.label}-cp311-cp311-linux_x86_64.whl"])
 
     def test_reproducible_and_reused(self):
         first, _ = self.build("a")

@@ -146,6 +146,8 @@ def build(series: Series, base: BaseWheel, dist: Path, say=print) -> tuple[Path,
         metadata_name = f"{base.dist_info}/METADATA"
         metadata, n = re.subn(r"^Version: .*$", f"Version: {version}",
                               zf.read(metadata_name).decode(), count=1, flags=re.M)
+        if n != 1:
+            raise PatchFailed(f"{metadata_name}: cannot find the Version line to stamp")
         changed[metadata_name] = metadata.encode()
 
         def renamed(name: str) -> str:
@@ -183,12 +185,15 @@ def build(series: Series, base: BaseWheel, dist: Path, say=print) -> tuple[Path,
                                     by_name[f"{base.dist_info}/RECORD"])
 
         dist.mkdir(parents=True, exist_ok=True)
+        for stale in dist.glob(".torch-*.partial"):  # left by a build that was killed
+            stale.unlink()
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=dist)
         try:
             with os.fdopen(fd, "wb") as f:
                 rawzip.write(f, members())
                 f.flush()
                 os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)  # mkstemp makes it private; a wheel is for everyone to read
             os.replace(tmp, out)
         except BaseException:
             os.unlink(tmp)
