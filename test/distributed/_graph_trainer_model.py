@@ -7,6 +7,19 @@ chunking, collective bucketing) and then run for every batch shape.
 
 Used by test_graph_trainer_unbacked.py and bench_graph_trainer.py.  Each capture
 layer is wrapped in ``stage(name)`` so that a failure names the layer that broke.
+
+``beyond_upstream`` (threaded through forward_loss / train_step / capture /
+run_workload) selects between two ways of doing exactly two things; everything
+else is the same model:
+
+* False (default, upstream-compatible: runs on 2.14.1 and on the patched build):
+  the causal BlockMask is one constant 128x128 block built with
+  ``BlockMask.from_kv_blocks(..., seq_lengths=(S, S))`` (so S <= MAX_SEQ), and
+  the output layers and the loss are plain data parallel (loss / world size).
+* True (needs symfix 0008/0009/0010, fails on 2.14.1): the BlockMask is built in
+  the graph with ``create_block_mask`` from the unbacked sequence length (no cap
+  on S), and the output layers and the loss run on a Shard(1) DTensor over the
+  unbacked sequence (``seq_sharded_loss``).
 """
 
 import contextlib
@@ -37,7 +50,9 @@ from torch.distributed.tensor import (
 
 VOCAB, DIM, HEADS, EXPERTS, TOPK, FFN = 64, 32, 2, 4, 2, 32
 HEAD_DIM = DIM // HEADS
-MAX_SEQ = 128  # one FlexAttention block (BLOCK_SIZE 128) covers every sequence
+# Upstream-compatible mask: one FlexAttention block (BLOCK_SIZE 128) covers
+# every sequence, so the sequence is capped there (beyond_upstream: no cap).
+MAX_SEQ = 128
 LR, MOMENTUM = 0.1, 0.9
 
 PARAM_SHAPES = {
@@ -131,16 +146,26 @@ def causal(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
-def causal_block_mask(seq):
-    """Causal BlockMask for an (unbacked) sequence length ``seq`` <= MAX_SEQ.
+def causal_block_mask(seq, beyond_upstream=False):
+    """Causal BlockMask for an (unbacked) sequence length ``seq``.
 
-    The block structure is static (one partial 128x128 block, causal inside
-    it), only the lengths are symbolic.  create_block_mask(seq) inside the
-    traced step and from_kv_blocks with unbacked block counts fail even on
-    2.14.1 (see the report); this is the closest path that works there.
+    Upstream-compatible (default): ``seq`` <= MAX_SEQ.  The block structure is
+    static (one partial 128x128 block, causal inside it), only the lengths are
+    symbolic.  create_block_mask(seq) inside the traced step and from_kv_blocks
+    with unbacked block counts fail even on 2.14.1 (see the report); this is the
+    closest path that works there.
+
+    ``beyond_upstream``: built with the public create_block_mask.  Inside the
+    traced step ``seq`` is the batch's unbacked sequence length, so the mask is
+    built in the graph: create_mask, the pad of the dense mask up to whole
+    128-blocks (aten.constant_pad_nd, symfix 0008) and the q-block transpose of
+    the kv blocks (symfix 0010) all run on symbolic sizes; the number of blocks
+    is ceil(seq / 128), so there is no cap on ``seq``.
     """
-    from torch.nn.attention.flex_attention import BlockMask
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
+    if beyond_upstream:
+        return create_block_mask(causal, None, None, seq, seq, device="cpu")
     return BlockMask.from_kv_blocks(
         torch.ones(1, 1, 1, dtype=torch.int32),
         torch.zeros(1, 1, 1, 1, dtype=torch.int32),
@@ -213,31 +238,98 @@ def moe(h, router, w1, w2):
     return torch.zeros_like(h).index_add(0, token_idx, ys)
 
 
-def forward_loss(params, batch, attn="flex"):
+def forward_loss(params, batch, attn="flex", beyond_upstream=False):
     tokens, labels = batch[0], batch[1]
     B, S = tokens.shape
-    p = {k: fsdp_gather(v) for k, v in params.items()}
+    mesh = params["embed"].device_mesh
+    # beyond_upstream: the output layers' parameters are gathered by
+    # seq_sharded_loss as Replicate DTensors instead
+    skip = SEQ_PARALLEL_PARAMS if beyond_upstream else ()
+    p = {k: fsdp_gather(v) for k, v in params.items() if k not in skip}
     x = F.embedding(tokens, p["embed"])  # [B, S, D]
     h = rms_norm(x, p["attn_norm"])
     qkv = (h @ p["wqkv"].t()).view(B, S, 3, HEADS, HEAD_DIM).permute(2, 0, 3, 1, 4)
     q, k, v = qkv[0], qkv[1], qkv[2]
     if attn == "flex":
-        o = flex_attention_train(q, k, v, causal_block_mask(S))
+        o = flex_attention_train(q, k, v, causal_block_mask(S, beyond_upstream))
     else:
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     x = x + o.transpose(1, 2).reshape(B, S, DIM) @ p["wo"].t()
     h = rms_norm(x, p["ffn_norm"]).reshape(B * S, DIM)
     x = x + moe(h, p["router"], p["w1"], p["w2"]).view(B, S, DIM)
+    if beyond_upstream:
+        return seq_sharded_loss(x, labels, params, mesh)
+    return dp_loss(x, labels, p, mesh)
+
+
+def dp_loss(x, labels, p, mesh):
+    """Final norm, output projection and loss, data parallel (upstream-compatible)."""
     logits = rms_norm(x, p["final_norm"]) @ p["head"].t()
     loss = F.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
     # data parallel: the reduce-scatter sums, so average over ranks here
-    return loss / params["embed"].device_mesh.size()
+    return loss / mesh.size()
 
 
-def train_step(params, momentum, batch, attn="flex"):
+# The output layers run on sequence-sharded DTensor activations; their
+# parameters are all-gathered as Replicate DTensors instead of fsdp_gather.
+SEQ_PARALLEL_PARAMS = ("final_norm", "head")
+# Placements seen by the last seq_sharded_loss call (the capture records them;
+# empty for the upstream-compatible data-parallel loss).
+SEQ_SHARDING = {}
+
+
+def seq_sharded_loss(x, labels, params, mesh):
+    """Final norm, output projection and loss over Shard(1) activations.
+
+    Every rank holds its own [B, S] batch (data parallel).  Its activations are
+    one sequence shard of a global [B, W * S] DTensor (W = world size): Shard(1)
+    over the unbacked sequence dim.  The per-token ops of the output layers stay
+    local, and the loss is the mean over all W * B * S tokens, i.e. exactly the
+    data-parallel loss / W with summed gradients of dp_loss (same gradients),
+    here a DTensor reduction (Partial sum -> all-reduce).
+
+    Flattening the tokens of the Shard(1) [B, W*S, D] tensor gives
+    _StridedShard(0, split_factor=B), so the next op's sharding check compares
+    the token count B*W*S with the symbolic bound W*B: is_tensor_shardable's
+    hint_proves_at_least (symfix 0009), which needs the hint overrides of both
+    B and S (mark_unbacked(..., hint_override=...) in capture).
+
+    Sizes: the global sequence W * S is a multiple of W by construction, so any
+    local S works (1 and odd included) and the shapes need no divisibility.
+    The flatten gets its size explicitly, traced from the local sizes: with
+    reshape(-1, D) the global token count 2*u0*u1 is computed inside DTensor's
+    sharding propagation, outside the trace, and make_fx rebuilds it from the
+    sympy expression as ONE operator.mul node with three arguments
+    (proxy_tensor._build_proxy_for_sym_expr maps the n-ary sympy.Mul to the
+    binary operator.mul), which fails when the graph runs ("mul expected 2
+    arguments, got 3"; 2.13.0 and 2.14.1 alike).
+    """
+    # On a 1-rank mesh (the benchmark's default) Shard(1) and Replicate are
+    # the same layout, and DTensor's view rule refuses to flatten a sharded
+    # dim of static size 1 (its static S=1 capture): replicate there.
+    seq = [Shard(1) if mesh.size() > 1 else Replicate()]
+    xs = DTensor.from_local(x, mesh, seq, run_check=False)  # [B, W*S, D]
+    ys = DTensor.from_local(labels, mesh, seq, run_check=False)
+    # FSDP all-gather, kept as Replicate DTensors; their gradients leave as
+    # Partial and are reduce-scattered back to Shard(0)
+    w = {k: params[k].redistribute(mesh, [Replicate()]) for k in SEQ_PARALLEL_PARAMS}
+    B, S = labels.shape
+    n_tok = B * (S * mesh.size())  # global token count, traced
+    h = rms_norm(xs, w["final_norm"]).reshape(n_tok, DIM)  # _StridedShard(0, B)
+    logits = h @ w["head"].t()
+    loss = F.cross_entropy(logits, ys.reshape(n_tok), reduction="sum") / n_tok
+    SEQ_SHARDING.update(
+        activations=[str(p) for p in xs.placements],
+        tokens=[str(p) for p in h.placements],
+        logits=[str(p) for p in logits.placements],
+    )
+    return loss.full_tensor()
+
+
+def train_step(params, momentum, batch, attn="flex", beyond_upstream=False):
     """Forward, backward, SGD-with-momentum step (in place) on DTensor state."""
     names = list(params)
-    loss = forward_loss(params, batch, attn)
+    loss = forward_loss(params, batch, attn, beyond_upstream)
     grads = torch.autograd.grad(loss, [params[n] for n in names])
     with torch.no_grad():
         for n, g in zip(names, grads):
@@ -294,7 +386,9 @@ class Captured:
 CAPTURES = {"make_fx": 0}
 
 
-def capture(params, momentum, batch, *, attn="flex", unbacked=True, hint=None):
+def capture(
+    params, momentum, batch, *, attn="flex", unbacked=True, hint=None, beyond_upstream=False
+):
     """Trace ``train_step`` into one FX graph.  ``batch`` is a real example."""
     from torch._guards import tracing, TracingContext
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -309,7 +403,11 @@ def capture(params, momentum, batch, *, attn="flex", unbacked=True, hint=None):
         hb, hs = hint or batch.shape[1:]
         with stage("mark_unbacked"):
             torch._dynamo.decorators.mark_unbacked(batch, 1, hint_override=hb, min=1)
-            torch._dynamo.decorators.mark_unbacked(batch, 2, hint_override=hs, min=1, max=MAX_SEQ)
+            # the upstream-compatible one-block mask caps the sequence
+            seq_max = {} if beyond_upstream else {"max": MAX_SEQ}
+            torch._dynamo.decorators.mark_unbacked(
+                batch, 2, hint_override=hs, min=1, **seq_max
+            )
 
     def rewrap(local, n):
         spec, size, stride = specs[n]
@@ -319,7 +417,7 @@ def capture(params, momentum, batch, *, attn="flex", unbacked=True, hint=None):
         k = len(names)
         ps = {n: rewrap(flat[i], n).requires_grad_() for i, n in enumerate(names)}
         ms = {n: rewrap(flat[k + i], n) for i, n in enumerate(names)}
-        loss, grads = train_step(ps, ms, flat[-1], attn)
+        loss, grads = train_step(ps, ms, flat[-1], attn, beyond_upstream)
         return [loss, *grads]
 
     real = [params[n]._local_tensor.detach() for n in names]
@@ -492,17 +590,18 @@ def _max_diff(a, b):
     return float((a - b).abs().max()) if a.numel() else 0.0
 
 
-def _run_variant(mesh, attn, rank, shapes, hint):
+def _run_variant(mesh, attn, rank, shapes, hint, beyond_upstream=False):
     """Capture once, rewrite, run every shape; returns a JSON-able record."""
     from torch._dynamo.utils import counters
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-    rec = {"attn": attn, "steps": []}
+    rec = {"attn": attn, "beyond_upstream": beyond_upstream, "steps": []}
     graph_state = sharded_state(mesh, seed=1)
     eager_state = sharded_state(mesh, seed=1)
     example = make_batch(*hint, seed=0)
 
-    cap = capture(*graph_state, example, attn=attn, hint=hint)
+    SEQ_SHARDING.clear()
+    cap = capture(*graph_state, example, attn=attn, hint=hint, beyond_upstream=beyond_upstream)
     batch_val = cap.gm.graph.find_nodes(op="placeholder")[-1].meta["val"]
     rec["batch_shape"] = [str(d) for d in batch_val.shape]
     rec["batch_dims_unbacked"] = [
@@ -512,6 +611,8 @@ def _run_variant(mesh, attn, rank, shapes, hint):
     rec["flex_nodes"] = sorted(
         {str(n.target) for n in cap.gm.graph.nodes if "flex_attention" in str(n.target)}
     )
+    rec["block_mask"] = block_mask_record(cap.gm)
+    rec["seq_sharding"] = dict(SEQ_SHARDING)
 
     with raw_symint_warning_is_error():
         with stage("chunk pass (materialize_symints)"):
@@ -534,7 +635,7 @@ def _run_variant(mesh, attn, rank, shapes, hint):
             loss, grads = cap.run(*graph_state, batch)
         dynamo_after = dict(counters["stats"])
         with stage(f"eager step B={B} S={S}"):
-            eloss, egrads = train_step(*eager_state, batch, attn)
+            eloss, egrads = train_step(*eager_state, batch, attn, beyond_upstream)
         names = cap.names
         step = {
             "shape": [B, S],
@@ -557,8 +658,40 @@ def _run_variant(mesh, attn, rank, shapes, hint):
     return rec
 
 
-def _worker(rank, world, port, out_dir, variants, shapes, hint):
-    out = {"rank": rank, "torch": torch.__version__, "variants": {}}
+def block_mask_record(gm):
+    """Where the BlockMask tensors of the captured flex_attention come from:
+    (producer op kind, shape) of each, and whether the dense mask was padded to
+    whole blocks on unbacked sizes (aten.constant_pad_nd) inside the graph."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    flex = gm.graph.find_nodes(
+        op="call_function", target=torch.ops.higher_order.flex_attention
+    )
+    if not flex:
+        return None
+    tensors = [
+        a
+        for a in flex[0].args[4]
+        if isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)
+    ]
+    pads = gm.graph.find_nodes(
+        op="call_function", target=torch.ops.aten.constant_pad_nd.default
+    )
+    return {
+        "tensors": [[a.op, str(list(a.meta["val"].shape))] for a in tensors],
+        "unbacked_pads": sum(
+            bool(free_unbacked_symbols(n.meta["val"].shape)) for n in pads
+        ),
+    }
+
+
+def _worker(rank, world, port, out_dir, variants, shapes, hint, beyond_upstream=False):
+    out = {
+        "rank": rank,
+        "torch": torch.__version__,
+        "beyond_upstream": beyond_upstream,
+        "variants": {},
+    }
     try:
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(port)
@@ -568,7 +701,9 @@ def _worker(rank, world, port, out_dir, variants, shapes, hint):
             mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (world,))
         for attn in variants:
             try:
-                out["variants"][attn] = _run_variant(mesh, attn, rank, shapes, hint)
+                out["variants"][attn] = _run_variant(
+                    mesh, attn, rank, shapes, hint, beyond_upstream
+                )
             except StageError as e:
                 out["variants"][attn] = {
                     "attn": attn,
@@ -588,11 +723,21 @@ def _worker(rank, world, port, out_dir, variants, shapes, hint):
             json.dump(out, f, indent=1)
 
 
-def run_workload(world=2, variants=("flex", "sdpa"), shapes=((1, 1),), hint=(4, 8)):
+def run_workload(
+    world=2, variants=("flex", "sdpa"), shapes=((1, 1),), hint=(4, 8), beyond_upstream=False
+):
     with tempfile.TemporaryDirectory() as d:
         mp.start_processes(
             _worker,
-            args=(world, _free_port(), d, tuple(variants), [tuple(s) for s in shapes], tuple(hint)),
+            args=(
+                world,
+                _free_port(),
+                d,
+                tuple(variants),
+                [tuple(s) for s in shapes],
+                tuple(hint),
+                beyond_upstream,
+            ),
             nprocs=world, join=True, start_method="spawn"
         )
         results = []

@@ -1,17 +1,23 @@
 """Benchmark of the symfix acceptance workload (see test_graph_trainer_unbacked.py).
 
     python test/distributed/bench_graph_trainer.py [--attn flex|sdpa] [--repeats 3]
-        [--steps 5] [--world 1] [--static-only]
+        [--steps 5] [--world 1] [--static-only] [--beyond-upstream]
 
 Prints ONE JSON object (medians over ``--repeats``):
   trace_unbacked_s          make_fx capture of the one unbacked-batch/seq train step
   static_recompiles_total_s one static-shape capture per shape, summed over the K shapes
   step_unbacked_s           per-step run time of the unbacked graph (at ``step_shape``)
   step_static_s             per-step run time of the static graph captured for that shape
+By default the upstream-compatible model runs (constant one-block BlockMask, S <= 128;
+data-parallel loss), which 2.14.1 can capture too; ``--beyond-upstream`` runs the form that
+needs symfix's own fixes (BlockMask built in the graph with create_block_mask, output layers
+and loss on Shard(1) sequence-sharded activations).
 With ``--world 1`` (default, cheapest) the process runs alone in a 1-rank gloo group,
-so DTensor's collectives are no-ops; ``--world 2`` spawns 2 ranks and reports rank 0.
-On a torch that cannot capture the unbacked step (stock 2.13.0) the object carries
-"error" (the failing layer) and the exit code is 1.
+so DTensor's collectives are no-ops (and with ``--beyond-upstream`` the output layers'
+Shard(1) sequence sharding is plain Replicate); ``--world 2`` spawns 2 ranks and reports
+rank 0.
+On a torch that cannot capture the unbacked step (stock 2.13.0; 2.14.1 with
+``--beyond-upstream``) the object carries "error" (the failing layer) and the exit code is 1.
 """
 
 import argparse
@@ -57,6 +63,7 @@ def _bench(rank, world, port, args, out_path):
     res = {
         "torch": torch.__version__,
         "attn": args.attn,
+        "beyond_upstream": args.beyond_upstream,
         "world": world,
         "shapes": [list(s) for s in SHAPES],
         "step_shape": list(STEP_SHAPE),
@@ -71,7 +78,8 @@ def _bench(rank, world, port, args, out_path):
             if not args.static_only:
                 torch._dynamo.reset()
                 cap, t = _timed(lambda state=state: M.capture(
-                    *state, M.make_batch(*HINT, seed=0), attn=args.attn, hint=HINT))
+                    *state, M.make_batch(*HINT, seed=0), attn=args.attn, hint=HINT,
+                    beyond_upstream=args.beyond_upstream))
                 samples["trace_unbacked_s"].append(t)
                 samples["step_unbacked_s"].append(_step_time(cap, state, step_batch, args.steps))
 
@@ -79,13 +87,15 @@ def _bench(rank, world, port, args, out_path):
             for shape in SHAPES:
                 torch._dynamo.reset()
                 c, t = _timed(lambda state=state, shape=shape: M.capture(
-                    *state, M.make_batch(*shape, seed=0), attn=args.attn, unbacked=False))
+                    *state, M.make_batch(*shape, seed=0), attn=args.attn, unbacked=False,
+                    beyond_upstream=args.beyond_upstream))
                 total += t
                 if tuple(shape) == STEP_SHAPE:
                     static_cap = c
             if static_cap is None:
                 torch._dynamo.reset()
-                static_cap = M.capture(*state, step_batch, attn=args.attn, unbacked=False)
+                static_cap = M.capture(*state, step_batch, attn=args.attn, unbacked=False,
+                                       beyond_upstream=args.beyond_upstream)
             samples["static_recompiles_total_s"].append(total)
             samples["step_static_s"].append(_step_time(static_cap, state, step_batch, args.steps))
         for k, v in samples.items():
@@ -114,6 +124,9 @@ def main():
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--static-only", action="store_true",
                    help="only the static-shape captures (what a torch without the fixes can do)")
+    p.add_argument("--beyond-upstream", action="store_true",
+                   help="in-graph create_block_mask and sequence-sharded loss "
+                        "(needs symfix 0008/0009/0010; fails on 2.14.1)")
     args = p.parse_args()
     import tempfile
 

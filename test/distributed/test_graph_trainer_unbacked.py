@@ -16,6 +16,21 @@ shapes (1 and odd sizes included).  Loss, gradients and updated parameters are
 compared with eager after every step, and nothing may be traced or compiled
 again after the one capture.
 
+The workload runs in two forms (M.run_workload(..., beyond_upstream=...)):
+
+* TestGraphTrainerUnbacked, upstream-compatible: a constant one-block causal
+  BlockMask (BlockMask.from_kv_blocks(..., seq_lengths=(S, S)), so S <= 128)
+  and data-parallel output layers and loss.  Passes on 2.14.1 and on the
+  patched build, fails on stock 2.13.0.
+* TestGraphTrainerBeyondUpstream, through symfix's own fixes: inside the step,
+  the causal FlexAttention BlockMask is built from the unbacked sequence length
+  with the public create_block_mask (symfix 0008 + 0010), and the output layers
+  and the loss run on sequence-sharded activations: a DTensor Shard(1) over the
+  unbacked sequence dim, flattened to _StridedShard(0, split_factor=batch)
+  tokens (the hint policy of is_tensor_shardable, symfix 0009).  No cap on the
+  sequence (a sequence longer than one 128-block is run).  Passes on the
+  patched build only.
+
 Each layer of the stack runs inside ``stage(name)``; a failure names the first
 layer that broke (on stock 2.13.0 that is the capture of the FlexAttention
 backward: see the symfix report).  The raw-SymInt warning of FX is an error in
@@ -34,22 +49,31 @@ import _graph_trainer_model as M  # noqa: E402
 WORLD = 2
 HINT = (4, 8)  # hint_override for (batch, seq): policy only, never a run shape
 BATCHES = (1, 2, 3)
+# Upstream-compatible: the one-block BlockMask caps the sequence at M.MAX_SEQ.
 SEQS = (1, 5, 16)
-SHAPES = [(b, s) for b in BATCHES for s in SEQS]
+# Beyond upstream: each rank's sequence is one Shard(1) shard of a global W * S
+# sequence, so the sequence-sharded loss needs no S divisible by WORLD: keep 1
+# and odd sizes.  131 > 128: the in-graph BlockMask has two kv/q blocks there
+# (one full, one partial), so there is no one-block cap.
+SEQS_BEYOND_UPSTREAM = (1, 5, 131)
 VARIANTS = ("flex", "sdpa")
 ATOL = RTOL = 1e-4
 
 
-class TestGraphTrainerUnbacked(TestCase):
+class _GraphTrainerRun:
     """One 2-rank spawned run (setUpClass) loops over both attention variants
-    and all shapes; the tests below check its record."""
+    and all shapes; the tests check its record.  Mixed into a TestCase below."""
 
+    BEYOND_UPSTREAM = False
+    SHAPES = ()
     results = None
 
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.results = M.run_workload(WORLD, VARIANTS, SHAPES, HINT)
+        cls.results = M.run_workload(
+            WORLD, VARIANTS, cls.SHAPES, HINT, beyond_upstream=cls.BEYOND_UPSTREAM
+        )
 
     def _variant(self, attn):
         for res in self.results:
@@ -57,18 +81,20 @@ class TestGraphTrainerUnbacked(TestCase):
             rec = res["variants"][attn]
             if "failed_stage" in rec:
                 self.fail(
-                    f"rank {res['rank']} ({attn}, torch {res['torch']}): first failing "
+                    f"rank {res['rank']} ({attn}, torch {res['torch']}, "
+                    f"beyond_upstream={res['beyond_upstream']}): first failing "
                     f"layer: {rec['failed_stage']}\n{rec['error']}\n{rec['traceback']}"
                 )
         return [res["variants"][attn] for res in self.results]
 
     def _check_one_graph_for_all_shapes(self, attn):
         for rec in self._variant(attn):
+            self.assertEqual(rec["beyond_upstream"], self.BEYOND_UPSTREAM)
             # batch and sequence stayed unbacked SymInts through the capture
             self.assertEqual(rec["batch_dims_unbacked"], [True, True], rec["batch_shape"])
             self.assertEqual(rec["retraced"], 0)
             self.assertEqual(
-                [s["shape"] for s in rec["steps"]], [list(s) for s in SHAPES]
+                [s["shape"] for s in rec["steps"]], [list(s) for s in self.SHAPES]
             )
             for step in rec["steps"]:
                 self.assertFalse(step["dynamo_stats_changed"], step)
@@ -80,6 +106,27 @@ class TestGraphTrainerUnbacked(TestCase):
                 self.assertLessEqual(step["loss_diff"], tol, step)
                 for key in ("grad_diff", "param_diff", "momentum_diff"):
                     self.assertLessEqual(step[key], 1e-4, (key, step))
+
+    def test_flex_one_capture_serves_all_shapes(self):
+        self._check_one_graph_for_all_shapes("flex")
+
+    def test_flex_step_matches_eager(self):
+        self._check_matches_eager("flex")
+
+    def test_sdpa_one_capture_serves_all_shapes(self):
+        self._check_one_graph_for_all_shapes("sdpa")
+
+    def test_sdpa_step_matches_eager(self):
+        self._check_matches_eager("sdpa")
+
+
+class TestGraphTrainerUnbacked(_GraphTrainerRun, TestCase):
+    """Upstream-compatible workload: constant one-block BlockMask (S <= 128),
+    data-parallel output layers and loss."""
+
+    BEYOND_UPSTREAM = False
+    SHAPES = [(b, s) for b in BATCHES for s in SEQS]
+    assert max(SEQS) <= M.MAX_SEQ
 
     def _check_rewrites(self, attn):
         for rec in self._variant(attn):
@@ -95,26 +142,57 @@ class TestGraphTrainerUnbacked(TestCase):
             self.assertEqual(cap, {"all_gather": 10, "reduce_scatter": 10})
             self.assertLess(bucketed["all_gather"], cap["all_gather"])
             self.assertLess(bucketed["reduce_scatter"], cap["reduce_scatter"])
-
-    def test_flex_one_capture_serves_all_shapes(self):
-        self._check_one_graph_for_all_shapes("flex")
-
-    def test_flex_step_matches_eager(self):
-        self._check_matches_eager("flex")
+            # data parallel output layers: no sequence-sharded DTensor
+            self.assertEqual(rec["seq_sharding"], {})
 
     def test_flex_rewrites(self):
         self._check_rewrites("flex")
         for rec in self._variant("flex"):
             self.assertIn("flex_attention_backward", " ".join(rec["flex_nodes"]))
 
-    def test_sdpa_one_capture_serves_all_shapes(self):
-        self._check_one_graph_for_all_shapes("sdpa")
-
-    def test_sdpa_step_matches_eager(self):
-        self._check_matches_eager("sdpa")
-
     def test_sdpa_rewrites(self):
         self._check_rewrites("sdpa")
+
+
+class TestGraphTrainerBeyondUpstream(_GraphTrainerRun, TestCase):
+    """The workload through symfix's own fixes: causal BlockMask built in the
+    graph with create_block_mask from the unbacked sequence length (0008, 0010),
+    output layers and loss on Shard(1) activations over the unbacked sequence
+    (0009).  Fails on 2.14.1 by design."""
+
+    BEYOND_UPSTREAM = True
+    SHAPES = [(b, s) for b in BATCHES for s in SEQS_BEYOND_UPSTREAM]
+
+    def test_block_mask_built_in_graph(self):
+        for rec in self._variant("flex"):
+            self.assertIn("flex_attention_backward", " ".join(rec["flex_nodes"]))
+            # every block-mask tensor of flex_attention is computed in the
+            # graph (no constant, no input), its block counts are ceil(S / 128)
+            # of the unbacked sequence length, and the dense mask was padded to
+            # whole blocks on unbacked sizes
+            mask = rec["block_mask"]
+            self.assertEqual(mask["unbacked_pads"], 1)
+            self.assertEqual(len(mask["tensors"]), 8)
+            u_seq = rec["batch_shape"][2]
+            for op, shape in mask["tensors"]:
+                self.assertEqual(op, "call_function")
+                self.assertIn(f"(({u_seq} + 127)//128)", shape)
+
+    def test_activations_sequence_sharded(self):
+        # the output layers ran on Shard(1) activations whose flattened tokens
+        # are _StridedShard(0) with the unbacked batch size as split factor
+        for attn in VARIANTS:
+            for rec in self._variant(attn):
+                u_batch = rec["batch_shape"][1]
+                self.assertEqual(
+                    rec["seq_sharding"],
+                    {
+                        "activations": ["S(1)"],
+                        "tokens": [f"_S(0, {u_batch})"],
+                        "logits": [f"_S(0, {u_batch})"],
+                    },
+                    attn,
+                )
 
 
 class TestPublicFlexAttentionInCapture(TestCase):

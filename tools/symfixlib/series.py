@@ -56,6 +56,7 @@ class Fix:
     guard: tuple[str, ...] = ()
     control: str | None = None
     needs: tuple[str, ...] = ()  # acceptance: the fixes the workload depends on
+    beyond_upstream: bool = False  # acceptance: needs fixes of our own, so upstream fails it
     note: str = ""
 
     @property
@@ -70,12 +71,12 @@ class Series:
     upstream: dict
     fixes: list[Fix]
     patches: list[Patch] = field(default_factory=list)  # in apply order
-    acceptance: Fix | None = None  # the workload the series exists for
+    acceptance: list[Fix] = field(default_factory=list)  # the workload the series exists for
 
     @property
     def rows(self) -> list[Fix]:
         """The matrix rows: every fix, then the acceptance workload."""
-        return self.fixes + ([self.acceptance] if self.acceptance else [])
+        return self.fixes + self.acceptance
 
     def fix_for(self, patch: Patch) -> Fix:
         return next(f for f in self.fixes if f.patch == patch.name)
@@ -137,11 +138,11 @@ def load(root: Path = ROOT) -> Series:
         row = {k: tuple(v) if isinstance(v, list) else v for k, v in row.items()}
         fixes.append(Fix(**row))
     series = Series(root, manifest["base"], manifest["upstream"], fixes)
-    if acc := manifest.get("acceptance"):
-        acc = {k: tuple(v) if isinstance(v, list) else v for k, v in acc.items()}
-        series.acceptance = Fix(upstream=(), fixes=(), status="acceptance", **acc)
-        if unknown := set(series.acceptance.needs) - {f.id for f in fixes}:
-            raise SeriesError(f"manifest: acceptance needs unknown fixes {sorted(unknown)}")
+    for row in manifest.get("acceptance", []):
+        row = {k: tuple(v) if isinstance(v, list) else v for k, v in row.items()}
+        series.acceptance.append(Fix(upstream=(), fixes=(), status="acceptance", **row))
+        if unknown := set(row.get("needs", ())) - {f.id for f in fixes}:
+            raise SeriesError(f"manifest: {row['id']} needs unknown fixes {sorted(unknown)}")
 
     names = [ln.strip() for ln in (pdir / "series").read_text().splitlines()
              if ln.strip() and not ln.startswith("#")]
