@@ -148,8 +148,8 @@ def cmd_test(args) -> int:
     print("\n" + text + "\n")
     for p in problems:
         print(f"  ✗ {p}")
-    print(f"{len(s.fixes)} fixes + acceptance: " + (f"{len(problems)} problems" if problems
-                                                      else "all as expected"))
+    print(f"{len(s.fixes)} fixes + {len(s.acceptance)} acceptance runs: "
+          + (f"{len(problems)} problems" if problems else "all as expected"))
 
     step = Step("suite")
     log = ROOT / ".symfix" / "logs" / "suite-patched.log"
