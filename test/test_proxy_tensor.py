@@ -249,5 +249,174 @@ class TestPickleCapturedGraph(TestCase):
         )
 
 
+class TestSymExprProxyNary(TestCase):
+    """
+    make_fx rebuilds a SymInt/SymBool it never saw traced from its sympy
+    expression.  sympy Mul/And/Or are n-ary, the FX nodes built for them must
+    be binary (symfix: proxy-nary-sym-expr).
+    """
+
+    def _trace(self, combine, *, ints=3, out=None):
+        # Graph-trainer shape: an ambient FakeTensorMode with a ShapeEnv,
+        # make_fx in "real" mode over fake inputs.  The unbacked ints are
+        # traced (.item()), but `combine` runs with proxy tracing disabled, as
+        # DTensor does when it computes a size outside the trace.
+        from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+        def f(x, *scalars):
+            us = [t.item() for t in scalars]
+            for u in us:
+                torch._check(u >= 0)
+            with disable_proxy_modes_tracing():
+                val = combine(*us)
+            if out is None:
+                return x.new_zeros(val, 4).reshape(-1, 4)
+            return out(x, val)
+
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        with fake_mode:
+            args = (torch.randn(3),) + tuple(
+                torch.empty((), dtype=torch.int64) for _ in range(ints)
+            )
+            gm = make_fx(f, tracing_mode="real")(*args)
+        return gm, fake_mode, args
+
+    def _check_graph_runs(self, gm, fake_mode, args):
+        from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and node.target in (
+                operator.mul,
+                operator.and_,
+                operator.or_,
+            ):
+                self.assertEqual(len(node.args), 2, node.format_node())
+        with fake_mode:
+            FakeTensorProp(gm, fake_mode).propagate(*args)
+
+    def _run(self, gm, *vals):
+        return gm(torch.randn(3), *(torch.tensor(v) for v in vals))
+
+    def test_three_factor_product_reaches_reshape(self):
+        gm, fake_mode, args = self._trace(lambda u0, u1: 2 * u0 * u1, ints=2)
+        self._check_graph_runs(gm, fake_mode, args)
+        self.assertExpectedInline(
+            gm.code.strip(),
+            """\
+def forward(self, arg0_1, arg1_1, arg2_1):
+    _local_scalar_dense = torch.ops.aten._local_scalar_dense.default(arg1_1);  arg1_1 = None
+    _local_scalar_dense_1 = torch.ops.aten._local_scalar_dense.default(arg2_1);  arg2_1 = None
+    mul = 2 * _local_scalar_dense;  _local_scalar_dense = None
+    mul_1 = mul * _local_scalar_dense_1;  mul = _local_scalar_dense_1 = None
+    new_zeros = torch.ops.aten.new_zeros.default(arg0_1, [mul_1, 4], pin_memory = False);  arg0_1 = mul_1 = None
+    view = torch.ops.aten.view.default(new_zeros, [-1, 4]);  new_zeros = None
+    return view""",
+        )
+        self.assertEqual(self._run(gm, 3, 5).shape, (30, 4))
+        self.assertEqual(self._run(gm, 0, 5).shape, (0, 4))
+
+    def test_four_factor_product(self):
+        gm, fake_mode, args = self._trace(lambda u0, u1, u2: 3 * u0 * u1 * u2)
+        self._check_graph_runs(gm, fake_mode, args)
+        self.assertEqual(self._run(gm, 2, 5, 7).shape, (210, 4))
+
+    def test_product_inside_sum(self):
+        # the Mul is a sub-expression here: it is built eagerly, not as the
+        # node for the SymInt being looked up
+        gm, fake_mode, args = self._trace(lambda u0, u1: 2 * u0 * u1 + 1, ints=2)
+        self._check_graph_runs(gm, fake_mode, args)
+        self.assertEqual(self._run(gm, 3, 5).shape, (31, 4))
+
+    def test_three_factor_product_symbolic_view(self):
+        from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+        def f(x):
+            with disable_proxy_modes_tracing():
+                n = 2 * x.shape[0] * x.shape[1]
+            return x.view(n, 4)
+
+        gm = make_fx(f, tracing_mode="symbolic")(torch.randn(3, 5, 2, 4))
+        x = torch.randn(6, 7, 2, 4)
+        self.assertEqual(gm(x), x.view(84, 4))
+
+    def _check_three_way(self, combine, holds):
+        def out(x, cond):
+            torch.ops.aten._assert_scalar.default(cond, "cond failed")
+            return x + 1
+
+        gm, fake_mode, args = self._trace(combine, out=out)
+        self._check_graph_runs(gm, fake_mode, args)
+        for vals in ((1, 2, 3), (1, 2, 4), (0, 2, 3), (0, 0, 0)):
+            if holds(*vals):
+                self._run(gm, *vals)
+            else:
+                with self.assertRaisesRegex(RuntimeError, "cond failed"):
+                    self._run(gm, *vals)
+
+    def test_three_way_and(self):
+        from torch.fx.experimental.symbolic_shapes import sym_and
+
+        self._check_three_way(
+            lambda a, b, c: sym_and(a == 1, b == 2, c == 3),
+            lambda a, b, c: a == 1 and b == 2 and c == 3,
+        )
+
+    def test_three_way_or(self):
+        from torch.fx.experimental.symbolic_shapes import sym_or
+
+        self._check_three_way(
+            lambda a, b, c: sym_or(a == 1, b == 5, c == 3),
+            lambda a, b, c: a == 1 or b == 5 or c == 3,
+        )
+
+    def test_binary_product_unchanged(self):
+        gm, fake_mode, args = self._trace(lambda u0, u1: u0 * u1, ints=2)
+        self._check_graph_runs(gm, fake_mode, args)
+        self.assertExpectedInline(
+            gm.code.strip(),
+            """\
+def forward(self, arg0_1, arg1_1, arg2_1):
+    _local_scalar_dense = torch.ops.aten._local_scalar_dense.default(arg1_1);  arg1_1 = None
+    _local_scalar_dense_1 = torch.ops.aten._local_scalar_dense.default(arg2_1);  arg2_1 = None
+    mul = _local_scalar_dense * _local_scalar_dense_1;  _local_scalar_dense = _local_scalar_dense_1 = None
+    new_zeros = torch.ops.aten.new_zeros.default(arg0_1, [mul, 4], pin_memory = False);  arg0_1 = mul = None
+    view = torch.ops.aten.view.default(new_zeros, [-1, 4]);  new_zeros = None
+    return view""",
+        )
+        self.assertEqual(self._run(gm, 3, 5).shape, (15, 4))
+
+    def test_scaled_symbol_unchanged(self):
+        gm, fake_mode, args = self._trace(lambda u0: 2 * u0, ints=1)
+        self._check_graph_runs(gm, fake_mode, args)
+        self.assertExpectedInline(
+            gm.code.strip(),
+            """\
+def forward(self, arg0_1, arg1_1):
+    _local_scalar_dense = torch.ops.aten._local_scalar_dense.default(arg1_1);  arg1_1 = None
+    mul = 2 * _local_scalar_dense;  _local_scalar_dense = None
+    new_zeros = torch.ops.aten.new_zeros.default(arg0_1, [mul, 4], pin_memory = False);  arg0_1 = mul = None
+    view = torch.ops.aten.view.default(new_zeros, [-1, 4]);  new_zeros = None
+    return view""",
+        )
+        self.assertEqual(self._run(gm, 3).shape, (6, 4))
+
+    def test_nary_sum_unchanged(self):
+        gm, fake_mode, args = self._trace(lambda u0, u1, u2: u0 + u1 + u2)
+        self._check_graph_runs(gm, fake_mode, args)
+        self.assertExpectedInline(
+            gm.code.strip(),
+            """\
+def forward(self, arg0_1, arg1_1, arg2_1, arg3_1):
+    _local_scalar_dense = torch.ops.aten._local_scalar_dense.default(arg1_1);  arg1_1 = None
+    _local_scalar_dense_1 = torch.ops.aten._local_scalar_dense.default(arg2_1);  arg2_1 = None
+    _local_scalar_dense_2 = torch.ops.aten._local_scalar_dense.default(arg3_1);  arg3_1 = None
+    sym_sum = torch.sym_sum(_local_scalar_dense, _local_scalar_dense_1, _local_scalar_dense_2);  _local_scalar_dense = _local_scalar_dense_1 = _local_scalar_dense_2 = None
+    new_zeros = torch.ops.aten.new_zeros.default(arg0_1, [sym_sum, 4], pin_memory = False);  arg0_1 = sym_sum = None
+    view = torch.ops.aten.view.default(new_zeros, [-1, 4]);  new_zeros = None
+    return view""",
+        )
+        self.assertEqual(self._run(gm, 3, 5, 7).shape, (15, 4))
+
+
 if __name__ == "__main__":
     run_tests()
