@@ -296,13 +296,12 @@ def seq_sharded_loss(x, labels, params, mesh):
 
     Sizes: the global sequence W * S is a multiple of W by construction, so any
     local S works (1 and odd included) and the shapes need no divisibility.
-    The flatten gets its size explicitly, traced from the local sizes: with
-    reshape(-1, D) the global token count 2*u0*u1 is computed inside DTensor's
-    sharding propagation, outside the trace, and make_fx rebuilds it from the
-    sympy expression as ONE operator.mul node with three arguments
-    (proxy_tensor._build_proxy_for_sym_expr maps the n-ary sympy.Mul to the
-    binary operator.mul), which fails when the graph runs ("mul expected 2
-    arguments, got 3"; 2.13.0 and 2.14.1 alike).
+    The flatten is reshape(-1, D), as a model would write it: the global token
+    count 2*u0*u1 is then computed inside DTensor's sharding propagation, outside
+    the trace, and make_fx rebuilds it from the sympy expression. Without symfix
+    0014 that became ONE operator.mul node with three arguments (the n-ary
+    sympy.Mul mapped to the binary operator.mul), which fails when the graph
+    runs ("mul expected 2 arguments, got 3"; 2.13.0 and 2.14.1 alike).
     """
     # On a 1-rank mesh (the benchmark's default) Shard(1) and Replicate are
     # the same layout, and DTensor's view rule refuses to flatten a sharded
@@ -315,9 +314,9 @@ def seq_sharded_loss(x, labels, params, mesh):
     w = {k: params[k].redistribute(mesh, [Replicate()]) for k in SEQ_PARALLEL_PARAMS}
     B, S = labels.shape
     n_tok = B * (S * mesh.size())  # global token count, traced
-    h = rms_norm(xs, w["final_norm"]).reshape(n_tok, DIM)  # _StridedShard(0, B)
+    h = rms_norm(xs, w["final_norm"]).reshape(-1, DIM)  # _StridedShard(0, B)
     logits = h @ w["head"].t()
-    loss = F.cross_entropy(logits, ys.reshape(n_tok), reduction="sum") / n_tok
+    loss = F.cross_entropy(logits, ys.reshape(-1), reduction="sum") / n_tok
     SEQ_SHARDING.update(
         activations=[str(p) for p in xs.placements],
         tokens=[str(p) for p in h.placements],
