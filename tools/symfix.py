@@ -13,9 +13,8 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS_ENV = ROOT / ".symfix" / "envs" / "tools"

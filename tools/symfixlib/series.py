@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import re
+import tomllib
 from dataclasses import dataclass, field
 from email.parser import BytesHeaderParser
 from pathlib import Path
 
-import tomllib
 import unidiff
 
 ROOT = Path(__file__).resolve().parents[2]
