@@ -95,25 +95,35 @@ def failing_hunk(patch: Patch, stderr: str) -> str:
     return lines[-1] if lines else "git apply failed"
 
 
+def write_tree(tree: Path, files: dict[str, bytes]) -> None:
+    for path, data in files.items():
+        dest = tree / path
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+
+
+def git_apply(patch: Patch, tree: Path, *options: str) -> str | None:
+    """``git apply`` one patch in a scratch ``tree`` (exact context, no fuzz).
+
+    Returns None if it applied, else the failing hunk.
+    """
+    # Keep git from finding a repository above the scratch directory.
+    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(tree.parent)}
+    proc = subprocess.run(["git", "apply", "--whitespace=nowarn", *options, str(patch.path)],
+                          cwd=tree, env=env, capture_output=True, text=True)
+    return failing_hunk(patch, proc.stderr) if proc.returncode else None
+
+
 def apply_series(series: Series, files: dict[str, bytes], say=print) -> dict[str, bytes | None]:
-    """Apply every patch with ``git apply`` (exact context, no fuzz) to ``files`` (path -> bytes).
+    """Apply every patch to ``files`` (path -> bytes).
 
     Returns the files after the series; None for a file the series deletes.
     """
     with tempfile.TemporaryDirectory(prefix="symfix-apply-") as tmp:
-        for path, data in files.items():
-            dest = Path(tmp, path)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(data)
-        # Keep git from finding a repository above the scratch directory.
-        env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(Path(tmp).parent)}
+        write_tree(Path(tmp), files)
         for patch in series.patches:
-            proc = subprocess.run(
-                ["git", "apply", "--whitespace=nowarn", str(patch.path)],
-                cwd=tmp, env=env, capture_output=True, text=True)
-            if proc.returncode:
-                raise PatchFailed(f"patch {patch.name} does not apply: "
-                                  f"{failing_hunk(patch, proc.stderr)}")
+            if failed := git_apply(patch, Path(tmp)):
+                raise PatchFailed(f"patch {patch.name} does not apply: {failed}")
             say(patch)
         return {path: Path(tmp, path).read_bytes() if Path(tmp, path).exists() else None
                 for path in {c.path for p in series.patches for c in p.changes}}

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -12,7 +10,7 @@ from pathlib import Path
 
 from . import checkout
 from .basewheel import Refused
-from .build import failing_hunk
+from .build import git_apply, write_tree
 from .series import Fix, Patch, Series
 
 # Our provenance trailers: the series keeps them, upstream commits do not want them.
@@ -125,24 +123,16 @@ def rebase_check(series: Series, target: Path) -> dict[str, str]:
     files, as a cherry-pick onto that base would be.
     """
     paths = {c.path for p in series.patches for c in p.changes}
+    if target.is_file():
+        with zipfile.ZipFile(target) as zf:
+            files = {path: zf.read(path) for path in paths & set(zf.namelist())}
+    else:
+        root = target if (target / "torch").is_dir() else target.parent
+        files = {path: (root / path).read_bytes() for path in paths if (root / path).is_file()}
     with tempfile.TemporaryDirectory(prefix="symfix-rebase-") as tmp:
-        if target.is_file():
-            with zipfile.ZipFile(target) as zf:
-                names = set(zf.namelist())
-                for path in paths & names:
-                    zf.extract(path, tmp)
-        else:
-            root = target if (target / "torch").is_dir() else target.parent
-            for path in paths:
-                if (root / path).is_file():
-                    (Path(tmp) / path).parent.mkdir(parents=True, exist_ok=True)
-                    (Path(tmp) / path).write_bytes((root / path).read_bytes())
-        env_ceiling = {"GIT_CEILING_DIRECTORIES": str(Path(tmp).parent)}
+        write_tree(Path(tmp), files)
         verdicts = {}
         for patch in series.patches:
-            proc = subprocess.run(["git", "apply", "--check", str(patch.path)], cwd=tmp,
-                                  capture_output=True, text=True,
-                                  env={**os.environ, **env_ceiling})
-            verdicts[patch.name] = ("applies" if proc.returncode == 0
-                                    else f"conflicts: {failing_hunk(patch, proc.stderr)}")
+            failed = git_apply(patch, Path(tmp), "--check")
+            verdicts[patch.name] = f"conflicts: {failed}" if failed else "applies"
         return verdicts
