@@ -4,7 +4,7 @@
     python3 tools/symfix.py wheel     patched torch wheel in dist/, installed into .venv/
     python3 tools/symfix.py test      regression matrix (stock / patched [/ upstream]) + test suite
     python3 tools/symfix.py status    which fixes a torch install has, judged by their tests
-    python3 tools/symfix.py table     the README's series table, from patches/manifest.toml
+    python3 tools/symfix.py table     the README's series table, from patches/<base>/manifest.toml
 
 The first run installs the tool's own dependencies (pyproject.toml) into .symfix/envs/tools.
 """

@@ -65,7 +65,7 @@ def series_with_broken_patch(tmp: Path, index: int) -> series.Series:
     (its pre-image blob ids kept, so only applying it can tell)."""
     shutil.copytree(ROOT / "patches", tmp / "patches")
     shutil.copytree(ROOT / "test" / "controls", tmp / "test" / "controls")
-    patch = tmp / "patches" / SERIES.patches[index].name
+    patch = tmp / "patches" / SERIES.base["tag"] / SERIES.patches[index].name
     text = patch.read_text()
     line = text.index("\n ", text.index("\n@@ ")) + 2
     patch.write_text(text[:line] + "#" + text[line:])

@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     wt.add_argument("dir")
     wt.add_argument("--wheel", help="base torch 2.13.0 wheel (default: ask pip)")
     ex = sub.add_parser("export", help="a patch (or the stack) as a PyTorch branch + PR text")
-    ex.add_argument("id", nargs="?", help="fix id (see patches/manifest.toml)")
+    ex.add_argument("id", nargs="?", help="fix id (see patches/<base>/manifest.toml)")
     ex.add_argument("--all", action="store_true", help="the whole series, in order, one branch")
     ex.add_argument("--onto", required=True, help="a PyTorch checkout")
     ex.add_argument("--base", help="ref to start from (default: release/2.13, else v2.13.0)")

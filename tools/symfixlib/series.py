@@ -1,4 +1,5 @@
-"""The series: patches/series (apply order), patches/manifest.toml (every fix), the patch mails."""
+"""A series per base release: patches/<tag>/series (apply order), patches/<tag>/manifest.toml
+(every fix), the patch mails. A base is data: adding one needs a directory, not code."""
 
 from __future__ import annotations
 
@@ -130,8 +131,19 @@ def read_patch(path: Path) -> Patch:
                  tuple(changes))
 
 
-def load(root: Path = ROOT) -> Series:
-    pdir = root / "patches"
+DEFAULT_BASE = "v2.13.0"
+
+
+def bases(root: Path = ROOT) -> list[str]:
+    """The base releases the project carries a series for, e.g. ["v2.13.0", "v2.15.0"]."""
+    return sorted(d.name for d in (root / "patches").iterdir() if (d / "manifest.toml").is_file())
+
+
+def load(root: Path = ROOT, tag: str = DEFAULT_BASE) -> Series:
+    pdir = root / "patches" / tag
+    if not (pdir / "manifest.toml").is_file():
+        raise SeriesError(f"no series for base {tag} (patches/{tag}/manifest.toml); "
+                          f"carried: {', '.join(bases(root))}")
     manifest = tomllib.loads((pdir / "manifest.toml").read_text())
     fixes = []
     for row in manifest["fix"]:
@@ -160,12 +172,12 @@ def load(root: Path = ROOT) -> Series:
         if f.control and not (root / f.control).is_file():
             raise SeriesError(f"manifest: {f.id}: {f.control} does not exist")
         if f.patch and f.patch not in names:
-            raise SeriesError(f"manifest: {f.id}: {f.patch} is not in patches/series")
+            raise SeriesError(f"manifest: {f.id}: {f.patch} is not in patches/{tag}/series")
     carried = {f.patch for f in fixes if f.patch}
     for name in names:
         if name not in carried:
-            raise SeriesError(f"patches/series: {name} belongs to no fix of the manifest")
+            raise SeriesError(f"patches/{tag}/series: {name} belongs to no fix of the manifest")
         if not (pdir / name).is_file():
-            raise SeriesError(f"patches/series: {name} does not exist")
+            raise SeriesError(f"patches/{tag}/series: {name} does not exist")
         series.patches.append(read_patch(pdir / name))
     return series
