@@ -25,6 +25,7 @@ def _bootstrap() -> None:
     try:
         import packaging  # noqa: F401
         import unidiff  # noqa: F401
+        import uv  # noqa: F401
         import wheel  # noqa: F401
 
         return

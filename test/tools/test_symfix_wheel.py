@@ -19,6 +19,8 @@ from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
+from packaging import tags
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from torch.testing._internal.common_utils import run_tests, TestCase
 from wheel.wheelfile import WheelFile
@@ -53,11 +55,26 @@ def make_wheel(path: Path, files: dict[str, bytes]) -> Path:
     return path
 
 
-def mini_files(dist_info="torch-2.13.0+cpu.dist-info") -> dict[str, bytes]:
+def mini_files(dist_info="torch-2.13.0+cpu.dist-info", version="2.13.0+cpu") -> dict[str, bytes]:
+    """The real wheel's touched files, version.py (saying ``version``) and dist-info, renamed."""
+    with zipfile.ZipFile(real_base_wheel()) as zf:
+        real = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA")).split("/")[0]
     names = [*SERIES.touched_files(), "torch/version.py", "torch/__init__.py",
-             "torch-2.13.0+cpu.dist-info/METADATA", "torch-2.13.0+cpu.dist-info/WHEEL"]
-    files = base_members(names)
-    return {n.replace("torch-2.13.0+cpu.dist-info", dist_info): d for n, d in files.items()}
+             f"{real}/METADATA", f"{real}/WHEEL"]
+    files = {n.replace(real, dist_info): d for n, d in base_members(names).items()}
+    files["torch/version.py"] = re.sub(rb"(?m)^__version__ = '[^']*'",
+                                       f"__version__ = '{version}'".encode(),
+                                       files["torch/version.py"])
+    return files
+
+
+PYPI_MINI = "torch-2.13.0-cp311-cp311-linux_x86_64.whl"
+
+
+def add_directory_entries(wheel: Path, names: list[str]) -> None:
+    with zipfile.ZipFile(wheel, "a") as zf:
+        for name in names:
+            zf.writestr(zipfile.ZipInfo(name, (2026, 7, 3, 22, 22, 46)), b"")
 
 
 def series_with_broken_patch(tmp: Path, index: int) -> series.Series:
@@ -106,7 +123,7 @@ class TestBaseVerification(TestCase):
         files = mini_files("torch-2.14.1.dist-info")
         files["torch/version.py"] = files["torch/version.py"].replace(b"2.13.0+cpu", b"2.14.1")
         wheel = make_wheel(self.tmp / "torch-2.14.1-cp311-cp311-linux_x86_64.whl", files)
-        self.assertRefused(wheel, "torch 2.14.1 is not the series base torch 2.13.0")
+        self.assertRefused(wheel, "torch 2.14.1 is not a base symfix carries a series for")
 
     def test_refuses_truncated_wheel(self):
         (self.tmp / "good").mkdir()
@@ -149,8 +166,40 @@ class TestBaseVerification(TestCase):
         self.assertRefused(make_wheel(self.tmp / MINI, files), "built from 0000")
 
     def test_refuses_known_name_with_other_bytes(self):
-        (name,) = SERIES.base["known-wheels"]
+        name = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+        self.assertIn(name, SERIES.base["known-wheels"])
         self.assertRefused(make_wheel(self.tmp / name, mini_files()), "is not the published")
+
+    def test_accepts_pypi_cuda_layout(self):
+        # PyPI's CUDA build: no label in file name and METADATA, version.py says +cu130, and
+        # directory entries that RECORD does not list.
+        wheel = make_wheel(self.tmp / PYPI_MINI, mini_files("torch-2.13.0.dist-info", "2.13.0+cu130"))
+        add_directory_entries(wheel, ["functorch/", "torch/"])
+        base = basewheel.verify(wheel, SERIES)
+        self.assertEqual((base.version, base.file_version), ("2.13.0+cu130", "2.13.0"))
+
+    def test_refuses_version_py_other_build(self):
+        files = mini_files(version="2.13.0+cu130")  # file name says +cpu
+        self.assertRefused(make_wheel(self.tmp / MINI, files),
+                           "torch/version.py says 2.13.0\\+cu130, the file name 2.13.0\\+cpu")
+
+    def test_known_wheel_for_each_python_and_variant(self):
+        def names(variant, py):
+            wanted = list(tags.cpython_tags(py, abis=[f"cp{py[0]}{py[1]}"],
+                                            platforms=["manylinux_2_28_x86_64", "linux_x86_64"]))
+            return basewheel.known_wheel_names(SERIES, variant, wanted)
+
+        self.assertEqual(names("pypi", (3, 12)), ["torch-2.13.0-cp312-cp312-manylinux_2_28_x86_64.whl"])
+        self.assertEqual(names("cpu", (3, 11)),
+                         ["torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"])
+        self.assertEqual(names("cpu", (3, 12)), [])  # not known: fetched from the CPU index
+        for py in [(3, 10), (3, 11), (3, 12), (3, 13), (3, 14)]:
+            self.assertEqual(len(names("pypi", py)), 1, py)
+
+    def test_unknown_variant_is_refused(self):
+        proc = symfix("wheel", "--variant", "cu999", "--no-venv", "--dist", str(self.dist))
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertRegex(proc.stderr.strip(), r"^symfix: refusing --variant cu999: not one of pypi")
 
 
 class TestBuild(TestCase):
@@ -214,6 +263,28 @@ class TestBuild(TestCase):
                                     "does not apply: .*hunk @@ -"):
             self.build("dist", broken)
         self.assertFalse((self.tmp / "dist").exists() and any((self.tmp / "dist").iterdir()))
+
+    def test_pypi_cuda_build_is_labelled_and_satisfies_requirements(self):
+        wheel = make_wheel(self.tmp / PYPI_MINI, mini_files("torch-2.13.0.dist-info", "2.13.0+cu130"))
+        add_directory_entries(wheel, ["functorch/"])
+        self.base = basewheel.verify(wheel, SERIES)
+        out, _ = self.build()
+        version = f"2.13.0+cu130.{SERIES.label}"
+        self.assertEqual(out.name, f"torch-{version}-cp311-cp311-linux_x86_64.whl")
+        with WheelFile(out) as wf:
+            names = wf.namelist()
+            for name in names:
+                if not name.endswith("/"):
+                    wf.read(name)  # checked against RECORD
+            metadata = wf.read(f"torch-{version}.dist-info/METADATA").decode()
+            version_py = wf.read("torch/version.py").decode()
+        self.assertIn("functorch/", names)
+        self.assertIn(f"\nVersion: {version}\n", metadata)
+        self.assertIn(f"__version__ = '{version}'", version_py)
+        # What pip, `pip check` and other packages' requirements see (PEP 440 local versions).
+        for spec in ["==2.13.0", ">=2.13,<2.14", "~=2.13.0", "==2.13.*"]:
+            self.assertIn(Version(version), SpecifierSet(spec), spec)
+        self.assertNotIn(Version(version), SpecifierSet("==2.13.0+cu130"))
 
     @given(local=st.sampled_from(["", "cpu", "cu126", "rocm6.4"]), n=st.integers(1, 99))
     def test_stamped_version_keeps_base(self, local, n):

@@ -5,7 +5,10 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -13,24 +16,28 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging import tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import Version
 from wheel.wheelfile import WheelError, WheelFile
 
+from .errors import Refused
 from .series import git_blob_id, Series
-
-
-class Refused(Exception):
-    """Bad input: a one-line reason, exit code 2, nothing written."""
 
 
 @dataclass
 class BaseWheel:
     path: Path
     sha256: str
-    version: str  # e.g. "2.13.0+cpu"
-    dist_info: str  # e.g. "torch-2.13.0+cpu.dist-info"
+    version: str  # the runtime version, torch/version.py's: "2.13.0+cpu", "2.13.0+cu130"
+    dist_info: str  # as in the wheel: "torch-2.13.0+cpu.dist-info", "torch-2.13.0.dist-info"
     record: dict[str, tuple[str, str]]  # member -> (hash, size) from the base RECORD
     known: bool  # sha256 is one we have checked
+
+    @property
+    def file_version(self) -> str:
+        """The version in the file name and METADATA ("2.13.0" for PyPI's CUDA build)."""
+        return parse_wheel_filename(self.path.name)[1].__str__()
 
 
 def sha256_file(path: Path) -> str:
@@ -41,20 +48,100 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def fetch(requirement: str, cache: Path) -> Path:
-    """Ask pip for the wheel of ``requirement`` (no dependencies); returns its path in ``cache``."""
+# -- choosing and fetching the base wheel -------------------------------------------------------
+
+
+def interpreter_tags(python: str | None) -> list[tags.Tag]:
+    """The wheel tags ``python`` installs (this interpreter's when None), best first."""
+    if python is None:
+        return list(tags.sys_tags())
+    probe = subprocess.run(
+        [python, "-c", "import sys, sysconfig; print(sys.version_info[0], sys.version_info[1], "
+         "int(bool(sysconfig.get_config_var('Py_GIL_DISABLED'))))"],
+        capture_output=True, text=True)
+    if probe.returncode:
+        raise Refused(f"--python {python}: cannot run it")
+    major, minor, ft = map(int, probe.stdout.split())
+    abi = f"cp{major}{minor}{'t' if ft else ''}"
+    return list(tags.cpython_tags((major, minor), abis=[abi]))
+
+
+def gpu_present() -> bool:
+    return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
+
+
+def variants_to_try(series: Series, variant: str | None) -> list[str]:
+    """The variant the user asked for, or the machine's choice (see the manifest's [base.variants])."""
+    known = series.base["variants"]
+    if variant:
+        if variant not in known:
+            raise Refused(f"--variant {variant}: not one of {', '.join(known)}")
+        return [variant]
+    return ["pypi"] if gpu_present() else ["cpu", "pypi"]
+
+
+def _find_links() -> list[Path]:
+    """Directories pip is configured to find wheels in (this machine ships one there)."""
+    return [Path(p) for p in os.environ.get("PIP_FIND_LINKS", "").split() if Path(p).is_dir()]
+
+
+def known_wheel_names(series: Series, variant: str, wanted: list[tags.Tag]) -> list[str]:
+    """Known wheels of ``variant`` that install on an interpreter with tags ``wanted``, best first."""
+    label = series.base["variants"][variant]["label"]
+    rank = {t: i for i, t in enumerate(wanted)}
+    names = []
+    for name in series.base.get("known-wheels", {}):
+        _, version, _, wtags = parse_wheel_filename(name)
+        best = min((rank[t] for t in wtags if t in rank), default=None)
+        if best is not None and (version.local or "") == label:
+            names.append((best, name))
+    return [name for _, name in sorted(names)]
+
+
+def fetch(series: Series, cache: Path, variant: str | None = None, python: str | None = None
+          ) -> Path:
+    """The base wheel for ``python`` (default: this interpreter) and ``variant``.
+
+    A known wheel already in ``cache`` or in pip's find-links directories is used as it is; else
+    pip downloads it from the variant's index (pip's own configuration, which may pin or shadow
+    torch on a machine, is set aside for that one command).
+    """
+    wanted = interpreter_tags(python)
     cache.mkdir(parents=True, exist_ok=True)
-    name = requirement.split("==")[0]
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-q", "-d", str(cache), requirement]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode:
-        raise Refused(f"pip could not fetch {requirement}: {proc.stderr.strip().splitlines()[-1]}")
-    version = requirement.split("==")[1]
-    found = sorted(cache.glob(f"{name}-{version}[-+]*.whl"))
-    if len(found) != 1:
-        raise Refused(f"expected one {requirement} wheel in {cache}, found {len(found)}")
-    return found[0]
+    reasons = []
+    for name in variants_to_try(series, variant):
+        for known in known_wheel_names(series, name, wanted):
+            for where in (cache, *_find_links()):
+                if (where / known).is_file():
+                    return where / known
+        row = series.base["variants"][name]
+        requirement = series.base["requirement"] + (f"+{row['label']}" if row["label"] else "")
+        py = wanted[0]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "-q", "--retries", "1", "--timeout", "30",
+               "--index-url", row["index"], "-d", str(cache),
+               "--python-version", py.interpreter[2:3] + "." + py.interpreter[3:],
+               "--abi", py.abi, requirement]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+        proc = subprocess.run(cmd, capture_output=True, text=True,
+                              env={**env, "PIP_CONFIG_FILE": os.devnull})
+        got = sorted(w for w in cache.glob("torch-*.whl") if _installs(w, wanted, series, name))
+        if proc.returncode == 0 and got:
+            return got[0]
+        err = (proc.stderr.strip().splitlines() or ["no wheel"])[-1]
+        reasons.append(f"{name} ({row['index']}): {err}")
+    raise Refused(f"no torch {series.base['version']} wheel for {wanted[0]}: "
+                  + "; ".join(reasons))
+
+
+def _installs(wheel: Path, wanted: list[tags.Tag], series: Series, variant: str) -> bool:
+    _, version, _, wtags = parse_wheel_filename(wheel.name)
+    label = series.base["variants"][variant]["label"]
+    return (version.public == series.base["version"] and (version.local or "") == label
+            and bool(set(wtags) & set(wanted)))
+
+
+# -- verifying it ---------------------------------------------------------------------------------
 
 
 def _py_assign(text: str, name: str) -> str | None:
@@ -62,8 +149,21 @@ def _py_assign(text: str, name: str) -> str | None:
     return m.group(1) if m else None
 
 
+VERIFIED = Path(".symfix") / "cache" / "verified.json"
+
+
+def _stat_key(path: Path) -> str:
+    st = path.stat()
+    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+
+
 def verify(path: Path, series: Series) -> BaseWheel:
-    """Check that ``path`` is an unmodified torch <base> wheel; raise Refused otherwise."""
+    """Check that ``path`` is an unmodified torch <base> wheel; raise Refused otherwise.
+
+    Hashing a 530 MB CUDA wheel takes longer than everything else a rebuild does, so a wheel
+    verified before is trusted while its path, size, mtime and inode are unchanged (the record of
+    that is under .symfix/cache; any change to the file changes its mtime).
+    """
     base = series.base
     what = f"base wheel {path.name}"
     if not path.is_file():
@@ -87,24 +187,40 @@ def verify(path: Path, series: Series) -> BaseWheel:
             raise Refused(f"{what}: {e.args[0]}") from None
         except (zipfile.BadZipFile, zlib.error) as e:
             raise Refused(f"{what}: corrupt member ({e})") from None
-        if _py_assign(version_py, "__version__") != str(version):
-            raise Refused(f"{what}: torch/version.py says {_py_assign(version_py, '__version__')}")
+        # PyPI's builds name no local label in the file name and METADATA (2.13.0) while
+        # torch/version.py says what the build is (2.13.0+cu130); a labelled file name
+        # (2.13.0+cpu) must agree with version.py exactly.
+        runtime = _py_assign(version_py, "__version__") or "?"
+        try:
+            runtime_ok = Version(runtime).public == version.public and (
+                version.local is None or Version(runtime) == version)
+        except ValueError:
+            runtime_ok = False
+        if not runtime_ok:
+            raise Refused(f"{what}: torch/version.py says {runtime}, the file name {version}")
         git_version = _py_assign(version_py, "git_version")
         if git_version != base["commit"]:
             raise Refused(f"{what}: built from {git_version}, not {base['tag']} ({base['commit']})")
         record = {row[0]: (row[1], row[2]) for row in csv.reader(io.StringIO(record_text)) if row}
 
-        sha = sha256_file(path)
+        cache = series.root / VERIFIED
+        try:
+            verified = json.loads(cache.read_text())
+        except (OSError, ValueError):
+            verified = {}
+        key = _stat_key(path)
+        sha = verified.get(key) or sha256_file(path)
         known = base.get("known-wheels", {}).get(path.name)
         if known and known != sha:
             raise Refused(f"{what}: sha256 {sha[:12]}… is not the published {known[:12]}…")
-        if not known:
-            # Not a wheel we know by hash (another Python tag, a CUDA build): check every member
+        if not known and key not in verified:
+            # Not a wheel we know by hash (another build or Python tag): check every member
             # against its RECORD; the wheel library verifies each hash as the member is read.
+            # Directory entries (the CUDA builds have some) carry no data and no RECORD row.
             try:
                 with WheelFile(path) as wf:
                     for info in wf.infolist():
-                        if not info.filename.endswith("/RECORD"):
+                        if not info.filename.endswith(("/RECORD", "/")):
                             with wf.open(info) as f:
                                 while f.read(1 << 20):
                                     pass
@@ -122,4 +238,9 @@ def verify(path: Path, series: Series) -> BaseWheel:
             if git_blob_id(data) != blob:
                 raise Refused(f"{what}: {member} is not the {base['tag']} file "
                               f"(blob {git_blob_id(data)[:12]}, expected {blob[:12]})")
-    return BaseWheel(path, sha, str(version), dist_info, record, bool(known))
+    if key not in verified:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**verified, key: sha}, indent=1))
+        os.replace(tmp, cache)
+    return BaseWheel(path, sha, runtime, dist_info, record, bool(known))

@@ -42,7 +42,7 @@ def build_key(series: Series, base: BaseWheel) -> str:
 
 
 def output_name(base: BaseWheel, version: str) -> str:
-    return base.path.name.replace(f"torch-{base.version}-", f"torch-{version}-", 1)
+    return base.path.name.replace(f"torch-{base.file_version}-", f"torch-{version}-", 1)
 
 
 def read_provenance(wheel: Path) -> dict | None:
@@ -181,7 +181,9 @@ def build(series: Series, base: BaseWheel, dist: Path, say=print) -> tuple[Path,
                                             str(len(changed[path]))))
                         yield rawzip.new_member(path, changed[path], version_info)
                     added = []
-                if name in changed:
+                if name.endswith("/"):  # a directory entry: no data, no RECORD row
+                    yield rawzip.raw_member(zf, info, renamed(name))
+                elif name in changed:
                     data = changed[name]
                     if data is None:  # deleted by a patch
                         continue

@@ -12,6 +12,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
 from . import basewheel, bench, build, checkout, envs, export, matrix, series, source
 from .basewheel import Refused
 from .build import PatchFailed
@@ -46,17 +48,37 @@ def sha256_short(path: Path) -> str:
     return basewheel.sha256_file(path)[:12]
 
 
-def load_series() -> series.Series:
+def series_tag(args) -> str:
+    """The base release: --base, else the base wheel's, else the default."""
+    if getattr(args, "base", None):
+        return "v" + args.base.removeprefix("v")
+    if getattr(args, "wheel", None):
+        try:
+            return f"v{parse_wheel_filename(Path(args.wheel).name)[1].public}"
+        except InvalidWheelFilename as e:
+            raise Refused(f"base wheel {args.wheel}: not a wheel file name ({e})") from None
+    return series.DEFAULT_BASE
+
+
+def load_series(args=None) -> series.Series:
     step = Step("series")
-    s = series.load()
+    tag = series_tag(args)
+    if tag not in series.bases():
+        what = f"base wheel {Path(args.wheel).name}: " if getattr(args, "wheel", None) else ""
+        raise Refused(f"{what}torch {tag[1:]} is not a base symfix carries a series for "
+                      f"({', '.join(b[1:] for b in series.bases())})")
+    s = series.load(tag=tag)
     step.done(f"{len(s.patches)} patches, {len(s.fixes)} fixes, base {s.base['tag']} "
               f"({s.base['commit'][:8]})")
     return s
 
 
-def base_wheel(s: series.Series, path: str | None) -> basewheel.BaseWheel:
+def base_wheel(s: series.Series, args) -> basewheel.BaseWheel:
+    """The base wheel: ``args.wheel`` if given, else the one for ``args.python`` and
+    ``args.variant``."""
     step = Step("base")
-    wheel = Path(path) if path else basewheel.fetch(s.base["requirement"], CACHE / "base")
+    wheel = (Path(args.wheel) if args.wheel else
+             basewheel.fetch(s, CACHE / "base", args.variant, args.python))
     base = basewheel.verify(wheel, s)
     how = "sha256 known" if base.known else "every member checked against RECORD"
     step.done(f"{wheel.name}  {base.sha256[:12]}… ({how})")
@@ -82,89 +104,76 @@ def build_wheel(s: series.Series, base: basewheel.BaseWheel, dist: Path) -> Path
     return out
 
 
-def install(role: str, spec: str, key: str, link: Path | None = None) -> Path:
+def install(role: str, spec: str, key: str, link: Path | None = None,
+            python: str | None = None, need_gb: float | None = None) -> Path:
     step = Step("venv")
-    path = envs.ensure(role, spec, key, link)
+    path = envs.ensure(role, spec, key, link, python, need_gb)
     step.done(f"{rel(path)}  (torch {envs.installed(path)['torch_version']})")
     return path
 
 
+def env_need_gb(base: basewheel.BaseWheel) -> float:
+    """Disk for an environment of this build: a CUDA torch pulls in 4 GB of CUDA libraries."""
+    return 2.0 if base.version.endswith("+cpu") or "macosx" in base.path.name else 7.0
+
+
 def cmd_wheel(args) -> int:
-    s = load_series()
-    base = base_wheel(s, args.wheel)
+    s = load_series(args)
+    base = base_wheel(s, args)
     out = build_wheel(s, base, Path(args.dist))
     if not args.no_venv:
-        install("patched", str(out), basewheel.sha256_file(out), VENV)
+        install("patched", str(out), basewheel.sha256_file(out), VENV, args.python,
+                env_need_gb(base))
         print("done. `. .venv/bin/activate` and `import torch` gives the patched build.")
     return 0
 
 
 def cmd_test(args) -> int:
-    s = load_series()
-    base = base_wheel(s, args.base)
-    if args.wheel:  # a given build (from `source`, or downloaded): test it as it is
-        out = Path(args.wheel).resolve()
+    s = load_series(args)
+    base = base_wheel(s, args)
+    if args.patched:  # a given build (from `source`, or downloaded): test it as it is
+        out = Path(args.patched).resolve()
         if not out.is_file():
             raise Refused(f"wheel {out}: no such file")
         print(f"wheel   {out.name}  provenance: "
               + ("symfix" if build.read_provenance(out) else "none (not a symfix build)"))
     else:
         out = build_wheel(s, base, DIST)
+    need = env_need_gb(base)
     out_sha = basewheel.sha256_file(out)
     pythons: dict[str, Path | str] = {
-        "stock": install("stock", str(base.path), base.sha256),
-        "patched": install(*(("tested", str(out), out_sha) if args.wheel
-                             else ("patched", str(out), out_sha, VENV))),
+        "stock": install("stock", str(base.path), base.sha256, python=args.python, need_gb=need),
+        "patched": install("tested" if args.patched else "patched", str(out), out_sha,
+                           None if args.patched else VENV, args.python, need),
     }
-    if args.upstream:
-        ok, free, need = envs.has_room("upstream")
+    if args.upstream and s.upstream:
         req = s.upstream["requirement"]
+        ok, free, need = envs.has_room(envs.NEEDS_GB["upstream"])
         if ok:
-            pythons["upstream"] = install("upstream", req, req)
+            pythons["upstream"] = install("upstream", req, req, python=args.python)
         else:
             pythons["upstream"] = f"only {free:.1f} GB free, {req} needs {need:.0f} GB"
             print(f"\n!!! SKIPPED upstream ({req}): {pythons['upstream']} !!!\n", flush=True)
 
-    ids = matrix.all_test_ids(s)
-    results: dict[str, dict[str, str] | str] = {}
-    for role, env in pythons.items():
-        if isinstance(env, str):
-            results[role] = env
-            continue
-        step = Step("tests")
-        log = ROOT / ".symfix" / "logs" / f"matrix-{role}.log"
-        results[role] = matrix.run_tests(envs.python_of(env), ids, log)
-        step.done(f"{len(ids)} fix tests on {role}  (log: {rel(log)})", "run")
-    controls: dict[str, dict[str, str]] = {}
-    for fix in s.fixes:
-        if fix.status == "in-base" and fix.control and fix.tests:
-            step = Step("tests")
-            log = ROOT / ".symfix" / "logs" / f"control-{fix.id}.log"
-            controls[fix.id] = matrix.run_tests(envs.python_of(pythons["stock"]),
-                                                list(fix.tests), log, control=fix.id)
-            step.done(f"{fix.id} on stock with the fix taken out  (log: {rel(log)})", "run")
-    results["control"] = controls
+    step = Step("tests")
+    env = {"SYMFIX_BASE_WHEEL": str(base.path), "SYMFIX_BASE": s.base["tag"]}
+    if isinstance(pythons.get("upstream"), Path):
+        env["SYMFIX_UPSTREAM_PYTHON"] = str(envs.python_of(pythons["upstream"]))
+    results, suite = matrix.run_columns(s, {role: envs.python_of(p) if isinstance(p, Path) else p
+                                            for role, p in pythons.items()}, env)
+    step.done(f"matrix on {', '.join(pythons)}, controls on stock, test/ on patched, two at a "
+              f"time  (logs: {rel(matrix.LOGS)})", "run")
     text, problems = matrix.table(s, results)
     print("\n" + text + "\n")
     for p in problems:
         print(f"  ✗ {p}")
     print(f"{len(s.fixes)} fixes + {len(s.acceptance)} acceptance runs: "
           + (f"{len(problems)} problems" if problems else "all as expected"))
-
-    step = Step("suite")
-    log = ROOT / ".symfix" / "logs" / "suite-patched.log"
-    env = {**os.environ, "SYMFIX_BASE_WHEEL": str(base.path)}
-    if isinstance(pythons.get("upstream"), Path):
-        env["SYMFIX_UPSTREAM_PYTHON"] = str(envs.python_of(pythons["upstream"]))
-    with open(log, "w") as f:
-        rc = subprocess.run([str(envs.python_of(pythons["patched"])), "-m", "pytest", "-q", "test"],
-                            cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
-    summary = (log.read_text().strip().splitlines() or ["no output"])[-1]
-    step.done(f"pytest test/ on patched: {summary.strip('= ')}  (log: {rel(log)})",
-              "ok" if rc == 0 else "FAIL")
-    if rc:
-        print(log.read_text()[-4000:])
-    return 1 if problems or rc else 0
+    print(f"suite   pytest test/ on patched: {suite.summary}  "
+          f"(log: {rel(matrix.LOGS / 'suite-patched.log')})  {'ok' if suite.returncode == 0 else 'FAIL'}")
+    if suite.returncode:
+        print((matrix.LOGS / "suite-patched.log").read_text()[-4000:])
+    return 1 if problems or suite.returncode else 0
 
 
 def cmd_status(args) -> int:
@@ -183,7 +192,7 @@ def cmd_status(args) -> int:
     print(f"torch {version} at {python}" + (f" (symfix build, {patches} patches)"
                                              if int(patches) else ""))
     log = ROOT / ".symfix" / "logs" / "status.log"
-    outcomes = matrix.run_tests(python, matrix.all_test_ids(s), log)
+    outcomes = matrix.run_tests(python, matrix.all_test_ids(s), log).outcomes
     if all(v == "missing" for v in outcomes.values()):
         print(f"symfix: no test ran; does {python} have pytest, expecttest, hypothesis? "
               f"(log: {rel(log)})", file=sys.stderr)
@@ -211,8 +220,8 @@ def cmd_status(args) -> int:
 
 def cmd_worktree(args) -> int:
     """A git repo of the base wheel's Python files with the series applied, one commit a patch."""
-    s = load_series()
-    base = base_wheel(s, args.wheel)
+    s = load_series(args)
+    base = base_wheel(s, args)
     step = Step("tree")
     dest = Path(args.dir)
     if dest.exists() and any(dest.iterdir()):
@@ -287,7 +296,8 @@ def cmd_source(args) -> int:
     step.done(f"{rel(wheel)}  sha256 {sha256_short(wheel)}…")
     if args.no_test:
         return 0
-    return cmd_test(argparse.Namespace(base=None, wheel=str(wheel), upstream=args.upstream))
+    return cmd_test(argparse.Namespace(base=None, wheel=None, variant=None, python=args.python,
+                                       patched=str(wheel), upstream=args.upstream))
 
 
 def cmd_export(args) -> int:
@@ -353,7 +363,7 @@ def cmd_rebase_status(args) -> int:
     if python:
         log = ROOT / ".symfix" / "logs" / "rebase.log"
         outcomes = matrix.run_tests(python, [t for p in s.patches for t in s.fix_for(p).tests],
-                                    log)
+                                    log).outcomes
     step.done(f"{target.name}: {len(s.patches)} patches checked"
               + (f", tests run with {python}" if python else ", no Python to run tests with"))
     for patch in s.patches:
@@ -366,8 +376,8 @@ def cmd_rebase_status(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    s = load_series()
-    base = base_wheel(s, args.wheel)
+    s = load_series(args)
+    base = base_wheel(s, args)
     w = bench.wheel(s, base)
     print(f"\nwheel   base {base.path.stat().st_size / 1e6:.0f} MB, medians of 5")
     print(f"  plain copy of the base wheel   {w['copy']:7.2f} s   1.00x (the floor)")
@@ -424,14 +434,26 @@ def cmd_table(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="symfix.py", description=__doc__)
     sub = p.add_subparsers(dest="verb", required=True)
+    def base_options(parser):
+        parser.add_argument("--base", metavar="VERSION", help="base release whose series to use "
+                            f"(default: the base wheel's, else {series.DEFAULT_BASE[1:]}); "
+                            f"carried: {', '.join(b[1:] for b in series.bases())}")
+        parser.add_argument("--wheel", help="the official base wheel (default: fetched for "
+                            "--python and --variant)")
+        parser.add_argument("--variant", help="which build of the base release: pypi (what "
+                            "`pip install torch` gives: CUDA on Linux), cpu, cu130, ... "
+                            "(default: pypi on a GPU machine, else cpu where one exists)")
+        parser.add_argument("--python", help="the Python the wheel is for and the environments "
+                            "run (default: this one)")
+
     w = sub.add_parser("wheel", help="build the patched wheel into dist/ and install it in .venv/")
-    w.add_argument("--wheel", help="base torch 2.13.0 wheel (default: ask pip for torch==2.13.0)")
+    base_options(w)
     w.add_argument("--dist", default=str(DIST), help="output directory (default: dist/)")
     w.add_argument("--no-venv", action="store_true", help="only build, do not install")
     t = sub.add_parser("test", help="regression matrix and test suite")
-    t.add_argument("--base", help="base torch 2.13.0 wheel (default: ask pip)")
-    t.add_argument("--wheel", help="test this torch wheel as the patched build (default: build "
-                   "dist/'s wheel)")
+    base_options(t)
+    t.add_argument("--patched", metavar="WHEEL", help="test this built wheel as the patched "
+                   "build (default: build dist/'s wheel)")
     t.add_argument("--upstream", action="store_true", help="also test upstream torch (oracle)")
     st = sub.add_parser("status", help="which fixes a torch install has")
     st.add_argument("--python", help="interpreter of that install (default: python3 on PATH)")
@@ -440,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     wt = sub.add_parser("worktree", help="git repo of the base Python files + the series, to "
                         "write a patch in")
     wt.add_argument("dir")
-    wt.add_argument("--wheel", help="base torch 2.13.0 wheel (default: ask pip)")
+    base_options(wt)
     ex = sub.add_parser("export", help="a patch (or the stack) as a PyTorch branch + PR text")
     ex.add_argument("id", nargs="?", help="fix id (see patches/<base>/manifest.toml)")
     ex.add_argument("--all", action="store_true", help="the whole series, in order, one branch")
@@ -460,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     so.add_argument("--no-test", action="store_true", help="skip the regression matrix")
     so.add_argument("--upstream", action="store_true", help="matrix also on upstream torch")
     be = sub.add_parser("bench", help="speed ratios: wheel build, unbacked trace and step")
-    be.add_argument("--wheel", help="base torch 2.13.0 wheel (default: ask pip)")
+    base_options(be)
     tb = sub.add_parser("table", help="write the series table into README.md")
     tb.add_argument("--check", action="store_true", help="only check that it is current")
     args = p.parse_args(argv)

@@ -6,38 +6,84 @@ import json
 import os
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from .series import Fix, ROOT, Series
 
 PASS, FAIL = "passed", "failed"
+LOGS = ROOT / ".symfix" / "logs"
 
 
-def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None = None
-              ) -> dict[str, str]:
-    """Outcome of each test id under ``python``: passed, failed, skipped or missing.
+@dataclass
+class Run:
+    outcomes: dict[str, str]  # test id -> passed, failed, skipped or missing
+    returncode: int
+    summary: str  # pytest's last line
+
+
+def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None = None,
+              suite: bool = False, extra_env: dict[str, str] | None = None) -> Run:
+    """Outcome of each test id under ``python``.
 
     ``control``: the id of an in-base fix to take out for this run (see test/conftest.py).
+    ``suite``: run the whole of test/ (and record the outcomes of ``test_ids`` in it).
     """
-    files = sorted({t.split("::")[0] for t in test_ids if (ROOT / t.split("::")[0]).is_file()})
+    files = ["test"] if suite else sorted(
+        {t.split("::")[0] for t in test_ids if (ROOT / t.split("::")[0]).is_file()})
     outcomes: dict[str, str] = {}
+    rc, summary = 5, "no test file"
     if files:
         with tempfile.TemporaryDirectory(prefix="symfix-matrix-") as tmp:
             wanted, result = Path(tmp, "wanted.json"), Path(tmp, "outcomes.json")
             wanted.write_text(json.dumps(test_ids))
-            env = {**os.environ, "SYMFIX_WANTED": str(wanted), "SYMFIX_OUTCOMES": str(result),
+            env = {**os.environ, **(extra_env or {}), "SYMFIX_OUTCOMES": str(result),
                    "PYTHONPATH": str(ROOT / "tools")}
+            if not suite:
+                env["SYMFIX_WANTED"] = str(wanted)
             if control:
                 env["SYMFIX_CONTROL"] = control
             log.parent.mkdir(parents=True, exist_ok=True)
             with open(log, "w") as out:
-                subprocess.run([str(python), "-m", "pytest", "-p", "symfixlib.outcomes_plugin",
-                                "-q", "-rfE", *files], cwd=ROOT, env=env, stdout=out,
-                               stderr=subprocess.STDOUT)
+                rc = subprocess.run([str(python), "-m", "pytest", "-p", "symfixlib.outcomes_plugin",
+                                     "-q", "-rfE", *files], cwd=ROOT, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT).returncode
             if result.exists():
                 outcomes = json.loads(result.read_text())
-    return {t: outcomes.get(t, "missing") for t in test_ids}
+            summary = (log.read_text().strip().splitlines() or ["no output"])[-1].strip("= ")
+    return Run({t: outcomes.get(t, "missing") for t in test_ids}, rc, summary)
+
+
+def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, str]
+                ) -> tuple[dict[str, dict[str, str] | str], Run]:
+    """Every column of the matrix, and the whole test suite on the patched build.
+
+    Two jobs at a time, one a core: the patched build runs all of test/ once (its column is read
+    from that run), while stock runs the fixes' tests, then each in-base fix's tests with its
+    control, then the upstream column. ``pythons``: role -> interpreter, or why it was skipped.
+    """
+    ids = all_test_ids(series)
+
+    def others() -> dict[str, dict[str, str] | str]:
+        out: dict[str, dict[str, str] | str] = {}
+        for role, python in pythons.items():
+            if role != "patched":
+                out[role] = python if isinstance(python, str) else run_tests(
+                    python, ids, LOGS / f"matrix-{role}.log", extra_env=env).outcomes
+        out["control"] = {
+            fix.id: run_tests(pythons["stock"], list(fix.tests), LOGS / f"control-{fix.id}.log",
+                              control=fix.id, extra_env=env).outcomes
+            for fix in series.fixes if fix.status == "in-base" and fix.control and fix.tests}
+        return out
+
+    with ThreadPoolExecutor(2) as pool:
+        suite_job = pool.submit(run_tests, pythons["patched"], ids, LOGS / "suite-patched.log",
+                                suite=True, extra_env=env)
+        rest = pool.submit(others).result()
+        suite = suite_job.result()
+    results = {"stock": rest.pop("stock"), "patched": suite.outcomes, **rest}
+    return results, suite
 
 
 def expected(fix: Fix, kind: str, role: str) -> str:

@@ -1,7 +1,8 @@
 """pytest plugin used by the matrix: run only the wanted test ids, record each one's outcome.
 
-Loaded with ``-p symfixlib.outcomes_plugin``; SYMFIX_WANTED names a JSON list of node ids and
-SYMFIX_OUTCOMES the JSON file the outcomes (node id -> passed | failed | skipped) go to.
+Loaded with ``-p symfixlib.outcomes_plugin``; SYMFIX_WANTED names a JSON list of node ids (unset:
+every test runs) and SYMFIX_OUTCOMES the JSON file the outcomes (node id -> passed | failed |
+skipped) go to.
 """
 
 import json
@@ -11,6 +12,8 @@ _outcomes: dict[str, str] = {}
 
 
 def pytest_collection_modifyitems(config, items):
+    if "SYMFIX_WANTED" not in os.environ:
+        return
     with open(os.environ["SYMFIX_WANTED"]) as f:
         wanted = set(json.load(f))
     keep = [item for item in items if item.nodeid in wanted]

@@ -149,7 +149,7 @@ def load(root: Path = ROOT, tag: str = DEFAULT_BASE) -> Series:
     for row in manifest["fix"]:
         row = {k: tuple(v) if isinstance(v, list) else v for k, v in row.items()}
         fixes.append(Fix(**row))
-    series = Series(root, manifest["base"], manifest["upstream"], fixes)
+    series = Series(root, manifest["base"], manifest.get("upstream", {}), fixes)
     for row in manifest.get("acceptance", []):
         row = {k: tuple(v) if isinstance(v, list) else v for k, v in row.items()}
         series.acceptance.append(Fix(upstream=(), fixes=(), status="acceptance", **row))
