@@ -39,8 +39,10 @@ def _bootstrap() -> None:
     if not marker.is_file() or json.loads(marker.read_text()) != deps:
         print(f"setup   {TOOLS_ENV.relative_to(ROOT)}: {' '.join(deps)}", flush=True)
         subprocess.run(["rm", "-rf", str(TOOLS_ENV)], check=True)
-        for cmd in ([sys.executable, "-m", "venv", str(TOOLS_ENV)],
-                    [str(python), "-m", "pip", "install", "--disable-pip-version-check", *deps]):
+        # A venv without pip of its own (ensurepip takes seconds), filled by this Python's pip.
+        for cmd in ([sys.executable, "-m", "venv", "--without-pip", str(TOOLS_ENV)],
+                    [sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+                     "--disable-pip-version-check", *deps]):
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode:
                 sys.exit(f"symfix: setting up {TOOLS_ENV} failed:\n{proc.stdout}{proc.stderr}")

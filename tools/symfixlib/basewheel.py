@@ -31,7 +31,6 @@ class BaseWheel:
     sha256: str
     version: str  # the runtime version, torch/version.py's: "2.13.0+cpu", "2.13.0+cu130"
     dist_info: str  # as in the wheel: "torch-2.13.0+cpu.dist-info", "torch-2.13.0.dist-info"
-    record: dict[str, tuple[str, str]]  # member -> (hash, size) from the base RECORD
     known: bool  # sha256 is one we have checked
 
     @property
@@ -149,25 +148,54 @@ def _py_assign(text: str, name: str) -> str | None:
     return m.group(1) if m else None
 
 
-VERIFIED = Path(".symfix") / "cache" / "verified.json"
+STAT_CACHE = Path(".symfix") / "cache" / "stat.json"
 
 
-def _stat_key(path: Path) -> str:
+def remembered(root: Path, path: Path, what: str):
+    """What was recorded of ``path`` by :func:`remember`, while the file is unchanged.
+
+    Hashing or even opening a 530 MB CUDA wheel costs more than everything else a rebuild with
+    nothing changed does, so facts about a file are kept beside its size, mtime and inode; any
+    rewrite of the file changes them.
+    """
+    try:
+        entry = json.loads((root / STAT_CACHE).read_text()).get(f"{what}:{path.resolve()}")
+    except (OSError, ValueError):
+        return None
+    return entry["value"] if entry and entry["stat"] == _stat(path) else None
+
+
+def remember(root: Path, path: Path, what: str, value) -> None:
+    cache = root / STAT_CACHE
+    try:
+        entries = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        entries = {}
+    entries[f"{what}:{path.resolve()}"] = {"stat": _stat(path), "value": value}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(entries, indent=1))
+    os.replace(tmp, cache)
+
+
+def _stat(path: Path) -> list[int]:
     st = path.stat()
-    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
 
 
 def verify(path: Path, series: Series) -> BaseWheel:
     """Check that ``path`` is an unmodified torch <base> wheel; raise Refused otherwise.
 
-    Hashing a 530 MB CUDA wheel takes longer than everything else a rebuild does, so a wheel
-    verified before is trusted while its path, size, mtime and inode are unchanged (the record of
-    that is under .symfix/cache; any change to the file changes its mtime).
+    A wheel verified before for the same series is trusted while the file is unchanged.
     """
     base = series.base
     what = f"base wheel {path.name}"
     if not path.is_file():
         raise Refused(f"{what}: no such file")
+    checked_for = hashlib.sha256(json.dumps([base, series.touched_files()], sort_keys=True)
+                                 .encode()).hexdigest()
+    if (seen := remembered(series.root, path, "verified")) and seen["for"] == checked_for:
+        return BaseWheel(path, seen["sha256"], seen["version"], seen["dist_info"], seen["known"])
     try:
         name, version, _, _ = parse_wheel_filename(path.name)
     except InvalidWheelFilename as e:
@@ -201,19 +229,12 @@ def verify(path: Path, series: Series) -> BaseWheel:
         git_version = _py_assign(version_py, "git_version")
         if git_version != base["commit"]:
             raise Refused(f"{what}: built from {git_version}, not {base['tag']} ({base['commit']})")
-        record = {row[0]: (row[1], row[2]) for row in csv.reader(io.StringIO(record_text)) if row}
-
-        cache = series.root / VERIFIED
-        try:
-            verified = json.loads(cache.read_text())
-        except (OSError, ValueError):
-            verified = {}
-        key = _stat_key(path)
-        sha = verified.get(key) or sha256_file(path)
+        record = {row[0] for row in csv.reader(io.StringIO(record_text)) if row}
+        sha = sha256_file(path)
         known = base.get("known-wheels", {}).get(path.name)
         if known and known != sha:
             raise Refused(f"{what}: sha256 {sha[:12]}… is not the published {known[:12]}…")
-        if not known and key not in verified:
+        if not known:
             # Not a wheel we know by hash (another build or Python tag): check every member
             # against its RECORD; the wheel library verifies each hash as the member is read.
             # Directory entries (the CUDA builds have some) carry no data and no RECORD row.
@@ -238,9 +259,6 @@ def verify(path: Path, series: Series) -> BaseWheel:
             if git_blob_id(data) != blob:
                 raise Refused(f"{what}: {member} is not the {base['tag']} file "
                               f"(blob {git_blob_id(data)[:12]}, expected {blob[:12]})")
-    if key not in verified:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".tmp")
-        tmp.write_text(json.dumps({**verified, key: sha}, indent=1))
-        os.replace(tmp, cache)
-    return BaseWheel(path, sha, runtime, dist_info, record, bool(known))
+    remember(series.root, path, "verified", {"for": checked_for, "sha256": sha, "version": runtime,
+                                             "dist_info": dist_info, "known": bool(known)})
+    return BaseWheel(path, sha, runtime, dist_info, bool(known))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import csv
 import hashlib
+import io
 import json
 import os
 import pprint
@@ -14,7 +16,7 @@ import zipfile
 from pathlib import Path
 
 from . import rawzip
-from .basewheel import BaseWheel
+from .basewheel import BaseWheel, remember, remembered
 from .series import Patch, Series
 
 # Bump when the layout of what `build` writes changes, so that cached wheels are rebuilt.
@@ -134,12 +136,15 @@ def build(series: Series, base: BaseWheel, dist: Path, say=print) -> tuple[Path,
     version = stamped_version(base.version, series.label)
     key = build_key(series, base)
     out = dist / output_name(base, version)
-    if out.is_file() and (read_provenance(out) or {}).get("BUILD_KEY") == key:
+    if out.is_file() and key in (remembered(series.root, out, "built"),
+                                 (read_provenance(out) or {}).get("BUILD_KEY")):
         return out, True
 
     dist_info = f"torch-{version}.dist-info"
     with zipfile.ZipFile(base.path) as zf:
         infos = zf.infolist()
+        base_record = {row[0]: row[1:3] for row in csv.reader(
+            io.StringIO(zf.read(f"{base.dist_info}/RECORD").decode())) if row}
         by_name = {i.filename: i for i in infos}
         touched = {path: zf.read(path) for path in series.touched_files() if path in by_name}
         changed = apply_series(series, touched, say)
@@ -190,7 +195,7 @@ def build(series: Series, base: BaseWheel, dist: Path, say=print) -> tuple[Path,
                     record_rows.append((renamed(name), rawzip.record_hash(data), str(len(data))))
                     yield rawzip.new_member(renamed(name), data, info)
                 else:
-                    record_rows.append((renamed(name), *base.record[name]))
+                    record_rows.append((renamed(name), *base_record[name]))
                     yield rawzip.raw_member(zf, info, renamed(name))
             record_rows.append((f"{dist_info}/RECORD", "", ""))
             yield rawzip.new_member(f"{dist_info}/RECORD", rawzip.record_text(record_rows),
@@ -210,4 +215,5 @@ def build(series: Series, base: BaseWheel, dist: Path, say=print) -> tuple[Path,
         except BaseException:
             os.unlink(tmp)
             raise
+    remember(series.root, out, "built", key)
     return out, False

@@ -122,7 +122,7 @@ def cmd_wheel(args) -> int:
     base = base_wheel(s, args)
     out = build_wheel(s, base, Path(args.dist))
     if not args.no_venv:
-        install("patched", str(out), basewheel.sha256_file(out), VENV, args.python,
+        install("patched", str(out), build.build_key(s, base), VENV, args.python,
                 env_need_gb(base))
         print("done. `. .venv/bin/activate` and `import torch` gives the patched build.")
     return 0
@@ -140,7 +140,7 @@ def cmd_test(args) -> int:
     else:
         out = build_wheel(s, base, DIST)
     need = env_need_gb(base)
-    out_sha = basewheel.sha256_file(out)
+    out_sha = basewheel.sha256_file(out) if args.patched else build.build_key(s, base)
     pythons: dict[str, Path | str] = {
         "stock": install("stock", str(base.path), base.sha256, python=args.python, need_gb=need),
         "patched": install("tested" if args.patched else "patched", str(out), out_sha,
