@@ -286,6 +286,25 @@ class TestBuild(TestCase):
             self.assertIn(Version(version), SpecifierSet(spec), spec)
         self.assertNotIn(Version(version), SpecifierSet("==2.13.0+cu130"))
 
+    def test_windows_crlf_files_are_patched_and_keep_crlf(self):
+        # The Windows wheels ship torch's Python files with CRLF line ends.
+        files = mini_files("torch-2.13.0.dist-info", "2.13.0+cpu")
+        for path in SERIES.touched_files():
+            if path in files:
+                files[path] = files[path].replace(b"\n", b"\r\n")
+        self.base = basewheel.verify(make_wheel(self.tmp / "torch-2.13.0-cp311-cp311-win_arm64.whl",
+                                                files), SERIES)
+        out, _ = self.build()
+        self.assertEqual(out.name, f"torch-2.13.0+cpu.{SERIES.label}-cp311-cp311-win_arm64.whl")
+        with WheelFile(out) as wf:
+            for patch in SERIES.patches:
+                for change in patch.changes:
+                    data = wf.read(change.path)
+                    self.assertNotIn(b"\n", data.replace(b"\r\n", b""), change.path)
+                    post = [c.post_blob for p in SERIES.patches for c in p.changes
+                            if c.path == change.path][-1]
+                    self.assertEqual(git_blob_id(series.as_lf(data)), post)
+
     @given(local=st.sampled_from(["", "cpu", "cu126", "rocm6.4"]), n=st.integers(1, 99))
     def test_stamped_version_keeps_base(self, local, n):
         base = "2.13.0" + (f"+{local}" if local else "")

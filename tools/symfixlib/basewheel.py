@@ -22,7 +22,7 @@ from packaging.version import Version
 from wheel.wheelfile import WheelError, WheelFile
 
 from .errors import Refused
-from .series import git_blob_id, Series
+from .series import as_lf, git_blob_id, Series
 
 
 @dataclass
@@ -256,9 +256,9 @@ def verify(path: Path, series: Series) -> BaseWheel:
                 data = zf.read(member)
             except KeyError:
                 raise Refused(f"{what}: lacks {member}, which the series patches") from None
-            if git_blob_id(data) != blob:
+            if git_blob_id(as_lf(data)) != blob:
                 raise Refused(f"{what}: {member} is not the {base['tag']} file "
-                              f"(blob {git_blob_id(data)[:12]}, expected {blob[:12]})")
+                              f"(blob {git_blob_id(as_lf(data))[:12]}, expected {blob[:12]})")
     remember(series.root, path, "verified", {"for": checked_for, "sha256": sha, "version": runtime,
                                              "dist_info": dist_info, "known": bool(known)})
     return BaseWheel(path, sha, runtime, dist_info, bool(known))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import rawzip
 from .basewheel import BaseWheel, remember, remembered
-from .series import Patch, Series
+from .series import as_lf, Patch, Series
 
 # Bump when the layout of what `build` writes changes, so that cached wheels are rebuilt.
 BUILD_FORMAT = 1
@@ -147,10 +147,13 @@ def build(series: Series, base: BaseWheel, dist: Path, say=print) -> tuple[Path,
             io.StringIO(zf.read(f"{base.dist_info}/RECORD").decode())) if row}
         by_name = {i.filename: i for i in infos}
         touched = {path: zf.read(path) for path in series.touched_files() if path in by_name}
-        changed = apply_series(series, touched, say)
+        crlf = {path for path, data in touched.items() if b"\r\n" in data}
+        changed = apply_series(series, {path: as_lf(data) for path, data in touched.items()}, say)
+        for path in crlf & {p for p, data in changed.items() if data is not None}:
+            changed[path] = changed[path].replace(b"\n", b"\r\n")  # keep the wheel's line ends
 
         version_py = zf.read("torch/version.py").decode()
-        stamped, n = re.subn(r"^__version__ = '[^']*'$", f"__version__ = '{version}'",
+        stamped, n = re.subn(r"^__version__ = '[^']*'", f"__version__ = '{version}'",
                              version_py, flags=re.M)
         if n != 1:
             raise PatchFailed("torch/version.py: cannot find the __version__ line to stamp")
@@ -159,7 +162,7 @@ def build(series: Series, base: BaseWheel, dist: Path, say=print) -> tuple[Path,
             series, {"version": base.version, "wheel": base.path.name, "sha256": base.sha256},
             version, key)
         metadata_name = f"{base.dist_info}/METADATA"
-        metadata, n = re.subn(r"^Version: .*$", f"Version: {version}",
+        metadata, n = re.subn(r"^Version: [^\r\n]*", f"Version: {version}",
                               zf.read(metadata_name).decode(), count=1, flags=re.M)
         if n != 1:
             raise PatchFailed(f"{metadata_name}: cannot find the Version line to stamp")

@@ -106,6 +106,12 @@ def git_blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+def as_lf(data: bytes) -> bytes:
+    """``data`` with LF line ends: the Windows wheels ship torch's Python files with CRLF, while
+    PyTorch's git, and so every blob id and patch of the series, has LF."""
+    return data.replace(b"\r\n", b"\n")
+
+
 def read_patch(path: Path) -> Patch:
     raw = path.read_bytes()
     headers = BytesHeaderParser().parsebytes(raw)
