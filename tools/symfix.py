@@ -6,9 +6,11 @@
     python3 tools/symfix.py status    which fixes a torch install has, judged by their tests
     python3 tools/symfix.py table     the README's series table, from patches/<base>/manifest.toml
 
-The first run installs the tool's own dependencies (pyproject.toml) into .symfix/envs/tools.
+The first run on a machine installs the tool's own dependencies (pyproject.toml) into
+~/.cache/symfix/tools-<hash>.
 """
 
+import hashlib
 import json
 import os
 import subprocess
@@ -17,11 +19,15 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS_ENV = ROOT / ".symfix" / "envs" / "tools"
+DEPS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+# One tools environment per set of dependencies, shared by every clone on the machine (as uv and
+# pre-commit share theirs): a fresh clone starts in seconds.
+TOOLS_ENV = (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "symfix"
+             / f"tools-{hashlib.sha256(json.dumps(DEPS).encode()).hexdigest()[:12]}")
 
 
 def _bootstrap() -> None:
-    """Re-run under .symfix/envs/tools when this Python lacks the tool's dependencies."""
+    """Re-run under the tools environment when this Python lacks the tool's dependencies."""
     try:
         import packaging  # noqa: F401
         import unidiff  # noqa: F401
@@ -34,19 +40,22 @@ def _bootstrap() -> None:
     python = TOOLS_ENV / "bin" / "python"
     if os.environ.get("SYMFIX_BOOTSTRAPPED"):
         sys.exit(f"symfix: {python} still lacks the tool's dependencies")
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    marker = TOOLS_ENV / "symfix-env.json"
-    if not marker.is_file() or json.loads(marker.read_text()) != deps:
-        print(f"setup   {TOOLS_ENV.relative_to(ROOT)}: {' '.join(deps)}", flush=True)
-        subprocess.run(["rm", "-rf", str(TOOLS_ENV)], check=True)
-        # A venv without pip of its own (ensurepip takes seconds), filled by this Python's pip.
-        for cmd in ([sys.executable, "-m", "venv", "--without-pip", str(TOOLS_ENV)],
-                    [sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
-                     "--disable-pip-version-check", *deps]):
+    if not python.is_file():
+        print(f"setup   {TOOLS_ENV}: {' '.join(DEPS)}", flush=True)
+        tmp = TOOLS_ENV.with_name(f".{TOOLS_ENV.name}.{os.getpid()}")
+        # A venv without pip of its own (ensurepip takes seconds), filled by this Python's pip,
+        # then renamed into place: a killed setup leaves nothing that looks complete.
+        for cmd in ([sys.executable, "-m", "venv", "--without-pip", str(tmp)],
+                    [sys.executable, "-m", "pip", "--python", str(tmp / "bin" / "python"),
+                     "install", "-q", "--disable-pip-version-check", *DEPS]):
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode:
+                subprocess.run(["rm", "-rf", str(tmp)])
                 sys.exit(f"symfix: setting up {TOOLS_ENV} failed:\n{proc.stdout}{proc.stderr}")
-        marker.write_text(json.dumps(deps))
+        try:
+            os.replace(tmp, TOOLS_ENV)
+        except OSError:  # another clone made it first
+            subprocess.run(["rm", "-rf", str(tmp)])
     os.execve(python, [str(python), __file__, *sys.argv[1:]],
               {**os.environ, "SYMFIX_BOOTSTRAPPED": "1"})
 

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import basewheel, build
+from . import basewheel, build, envs
 from .series import ROOT, Series
 
 WORKLOAD = ROOT / "test" / "distributed" / "bench_graph_trainer.py"
@@ -45,6 +45,35 @@ def wheel(series: Series, base: basewheel.BaseWheel, repeat: int = 5) -> dict[st
             "build": median_time(fresh, repeat),
             "rebuild": median_time(lambda: build.build(series, base, tmp / "dist",
                                                        say=lambda p: None), repeat),
+        }
+
+
+def timed_run(cmd: list[str], cwd: Path) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"`{' '.join(cmd)}` failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return time.perf_counter() - t0
+
+
+def main_job(base: Path, python: str) -> dict[str, float]:
+    """The main job as a user meets it, against ``uv pip install`` of the stock wheel.
+
+    ``python``: the interpreter the environments are made for. The clone is of HEAD.
+    """
+    with tempfile.TemporaryDirectory(prefix="symfix-bench-") as tmp:
+        tmp = Path(tmp)
+        uv = envs.uv()
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(tmp / "clone")], check=True)
+        wheel = ["python3", "tools/symfix.py", "wheel", "--wheel", str(base), "--python", python]
+        return {
+            "uv_stock": timed_run([uv, "venv", "-q", "--python", python, str(tmp / "v")], tmp)
+            + timed_run([uv, "pip", "install", "-q", "--python", str(tmp / "v" / "bin" / "python"),
+                         str(base)], tmp),
+            "fresh_clone": timed_run(wheel, tmp / "clone"),
+            "again": timed_run(wheel, tmp / "clone"),
+            "test": timed_run(["python3", "tools/symfix.py", "test", "--wheel", str(base),
+                               "--python", python], ROOT),
         }
 
 

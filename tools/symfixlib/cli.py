@@ -386,6 +386,15 @@ def cmd_bench(args) -> int:
           f"copy, {w['build'] - w['copy']:+.2f} s (goal: within 5 s)")
     print(f"  rebuild with inputs unchanged  {w['rebuild']:7.2f} s   "
           f"{w['rebuild'] / w['build']:5.2f}x a fresh build")
+    m = bench.main_job(base.path, args.python or sys.executable)
+    print("\nmain job, as a user runs it (base wheel on disk, one run each)")
+    print(f"  uv venv + uv pip install of the stock wheel   {m['uv_stock']:7.2f} s   1.00x")
+    print(f"  `wheel` on a fresh clone (build + .venv)      {m['fresh_clone']:7.2f} s   "
+          f"{m['fresh_clone'] / m['uv_stock']:5.2f}x uv (goal: within 3x)")
+    print(f"  `wheel` again, nothing changed                {m['again']:7.2f} s   "
+          f"(goal: under 1 s)")
+    print(f"  `test` (matrix + test/, no --upstream)        {m['test']:7.1f} s   "
+          f"{m['test'] / 300:5.2f}x the 5 minutes of symfix14's serial run (goal: 0.5x)")
     stock = bench.workload(envs.python_of(ROOT / ".symfix" / "stock"), "--static-only")
     patched = bench.workload(envs.python_of(VENV))
     print("\ngraph trainer step (test/distributed/bench_graph_trainer.py), medians of 3")
