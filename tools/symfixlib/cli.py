@@ -291,33 +291,32 @@ def cmd_source(args) -> int:
 
 
 def cmd_export(args) -> int:
-    s = load_series()
     if args.all == bool(args.id):
         raise Refused("export: name one fix id, or --all")
-    if args.all:
-        patches = s.patches
-    else:
-        fix = next((f for f in s.fixes if f.id == args.id), None)
-        if fix is None or fix.patch is None:
-            raise Refused(f"export: {args.id} is not a fix the series carries")
-        patches = [p for p in s.patches if p.name == fix.patch]
+    plan = export.plan(ROOT, args.id, args.series)
+    s = plan.series
+    print(f"series  {s.base['tag']}: {len(plan.patches)} of {len(s.patches)} patches, "
+          f"PR text addressed to {plan.target}")
     src = Path(args.onto).resolve()
+    export.check_checkout(src)
+    export.check_out_dir(Path(args.out))
     if args.dry_run:
-        fix0 = s.fix_for(patches[0])
-        start = export.base_ref(src, fix0, args.base, s)
-        name = fix0.id if len(patches) == 1 else "stack"
-        print(f"would run, in {src}:\n  git checkout -b symfix/export/{name} {start}")
-        for p in patches:
-            print(f"  git am --keep-cr --keep-non-patch {p.path}   "
-                  f"# then drop trailers {', '.join(export.DROPPED_TRAILERS)}")
+        start = export.base_ref(src, plan.target, args.base, s)
+        print(f"would run, in {src}:\n  git checkout -b symfix/export/{plan.name} {start}")
+        for p in plan.patches:
+            fix = s.fix_for(p)
+            print(f"  git am --keep-cr --keep-non-patch {p.path}")
+            print(f"  add the tests to {', '.join(export.porttests.wanted(fix))}; "
+                  f"git commit --amend (without {', '.join(export.DROPPED_TRAILERS)})")
             print(f"  write {Path(args.out) / p.name.removesuffix('.patch')}.md")
         return 0
     step = Step("export")
 
-    def exported(patch, commit):
-        print(f"        {commit[:10]} {patch.subject}", flush=True)
+    def exported(patch, commit, tests):
+        print(f"        {commit[:10]} {patch.subject}\n                   + {', '.join(tests)}",
+              flush=True)
 
-    done = export.export(s, patches, src, args.base, Path(args.out), say=exported)
+    done = export.export(plan, src, args.base, Path(args.out), say=exported)
     step.done(f"{src}: branch {done.branch}, {len(done.commits)} commits")
     for text in done.texts:
         print(f"        PR text: {rel(text)}")
@@ -445,7 +444,10 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("id", nargs="?", help="fix id (see patches/<base>/manifest.toml)")
     ex.add_argument("--all", action="store_true", help="the whole series, in order, one branch")
     ex.add_argument("--onto", required=True, help="a PyTorch checkout")
-    ex.add_argument("--base", help="ref to start from (default: release/2.13, else v2.13.0)")
+    ex.add_argument("--base", help="ref to start from (default: the branch addressed, main or "
+                    "release/X.Y, else the base tag)")
+    ex.add_argument("--series", metavar="TAG", help="export from this base's series (default: "
+                    "our own fixes from the newest base carrying them, backports from v2.13.0)")
     ex.add_argument("--out", default=str(DIST / "pr"), help="where PR texts go (dist/pr/)")
     ex.add_argument("--dry-run", action="store_true", help="print what it would do")
     so = sub.add_parser("source", help="rebuild PyTorch from a v2.13.0 checkout with the series")
