@@ -29,6 +29,8 @@ def verify(src: Path, series: Series, at: str = "HEAD") -> str:
     series touches has the pre-image blob its patch records. Returns how it was recognised.
     """
     what = f"checkout {src}"
+    if not src.is_dir():
+        raise Refused(f"{what}: no such directory")
     if not (src / ".git").exists():
         raise Refused(f"{what}: not a git checkout")
     head = git(src, "rev-parse", "--verify", "-q", f"{at}^{{commit}}", check=False).stdout.strip()

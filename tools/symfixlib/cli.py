@@ -171,7 +171,7 @@ def cmd_status(args) -> int:
     if args.rebase_onto:
         return cmd_rebase_status(args)
     s = series.load()
-    python = Path(args.python or shutil.which("python3") or sys.executable)
+    python = export.check_python(Path(args.python or shutil.which("python3") or sys.executable))
     probe = subprocess.run(
         [str(python), "-c", "import importlib, importlib.util as u, torch;"
          "print(torch.__version__); print(len(importlib.import_module('torch._symfix').PATCHES) "
@@ -211,12 +211,14 @@ def cmd_status(args) -> int:
 
 def cmd_worktree(args) -> int:
     """A git repo of the base wheel's Python files with the series applied, one commit a patch."""
+    dest = Path(args.dir)
+    if dest.exists() and not dest.is_dir():
+        raise Refused(f"worktree {dest}: exists and is not a directory")
+    if dest.exists() and any(dest.iterdir()):
+        raise Refused(f"worktree {dest}: exists and is not empty")
     s = load_series()
     base = base_wheel(s, args.wheel)
     step = Step("tree")
-    dest = Path(args.dir)
-    if dest.exists() and any(dest.iterdir()):
-        raise Refused(f"worktree {dest}: exists and is not empty")
     dest.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(base.path) as zf:
         for info in zf.infolist():
@@ -240,6 +242,10 @@ def cmd_worktree(args) -> int:
 def cmd_source(args) -> int:
     s = load_series()
     src = Path(args.src or args.clone).resolve()
+    export.check_python(Path(args.python))
+    export.check_out_dir(Path(args.out))
+    if args.clone and src.exists() and (not src.is_dir() or any(src.iterdir())):
+        raise Refused(f"--clone {src}: exists and is not an empty directory")
     if args.clone:
         cmds = source.clone_commands(src, s)
         if args.dry_run:
@@ -323,38 +329,23 @@ def cmd_export(args) -> int:
     return 0
 
 
-def rebase_python(target: Path, given: str | None) -> Path | None:
-    """A Python whose torch is ``target``'s, to run the fixes' tests with."""
-    if given:
-        return Path(given)
-    if target.is_dir():
-        for up in [target, *target.parents][:5]:
-            if (up / "bin" / "python").exists():
-                return up / "bin" / "python"
-        return None
-    version = target.name.split("-")[1].split("+")[0]
-    for link in (ROOT / ".symfix" / "upstream", ROOT / ".symfix" / "stock", VENV):
-        py = envs.python_of(link)
-        got = subprocess.run([str(py), "-c", "import torch; print(torch.__version__)"],
-                             capture_output=True, text=True).stdout.strip()
-        if got.split("+")[0] == version:
-            return py
-    return envs.python_of(install("rebase", str(target), basewheel.sha256_file(target)))
-
-
 def cmd_rebase_status(args) -> int:
     s = load_series()
-    target = Path(args.rebase_onto).resolve()
+    target = export.rebase_target(Path(args.rebase_onto).resolve())
     step = Step("rebase")
     verdicts = export.rebase_check(s, target)
-    python = rebase_python(target, args.python)
+    python, why_not = (None, "--no-tests") if args.no_tests else \
+        export.rebase_python(target, args.python)
     outcomes = {}
     if python:
         log = ROOT / ".symfix" / "logs" / "rebase.log"
         outcomes = matrix.run_tests(python, [t for p in s.patches for t in s.fix_for(p).tests],
                                     log)
+        if all(v == "missing" for v in outcomes.values()):
+            python, why_not = None, f"none ran with {python}, see {rel(log)}"
     step.done(f"{target.name}: {len(s.patches)} patches checked"
-              + (f", tests run with {python}" if python else ", no Python to run tests with"))
+              + (f", tests run with {python}" if python
+                 else f"; tests not run ({why_not}): verdicts from applying alone"))
     for patch in s.patches:
         fix = s.fix_for(patch)
         upstream = fix.proof and all(outcomes.get(t) == matrix.PASS for t in fix.tests)
@@ -436,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--python", help="interpreter of that install (default: python3 on PATH)")
     st.add_argument("--rebase-onto", metavar="WHEEL_OR_DIR",
                     help="forward-port check: does each patch apply to / is it in that torch?")
+    st.add_argument("--no-tests", action="store_true", help="with --rebase-onto: verdicts from "
+                    "applying alone, no environment made for that torch")
     wt = sub.add_parser("worktree", help="git repo of the base Python files + the series, to "
                         "write a patch in")
     wt.add_argument("dir")

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shutil
 import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
-from . import checkout, porttests
-from .basewheel import Refused
+from . import checkout, envs, porttests
+from .basewheel import Refused, sha256_file
 from .build import git_apply, write_tree
 from .series import bases, DEFAULT_BASE, Fix, load, Patch, Series
 
@@ -223,6 +227,80 @@ def export(p: Plan, src: Path, base: str | None, out: Path, say=print) -> Export
     return Exported(branch, commits, texts)
 
 
+def check_python(python: Path) -> Path:
+    """An interpreter given on the command line: it must be there and runnable."""
+    if os.sep not in str(python) and shutil.which(str(python)):
+        python = Path(shutil.which(str(python)))
+    if not python.exists():
+        raise Refused(f"python {python}: no such file")
+    if python.is_dir() or not os.access(python, os.X_OK):
+        raise Refused(f"python {python}: not an executable file")
+    return python
+
+
+def rebase_target(target: Path) -> Path:
+    """Refuse anything ``status --rebase-onto`` cannot read torch's files from."""
+    what = f"--rebase-onto {target}"
+    if not target.exists():
+        raise Refused(f"{what}: no such file or directory")
+    if target.is_dir():
+        if not ((target / "torch").is_dir() or (target / "__init__.py").is_file()
+                and target.name == "torch"):
+            raise Refused(f"{what}: holds no torch/ package (give a wheel, site-packages, "
+                          "a source checkout or the torch/ directory)")
+        return target
+    try:
+        name, _, _, _ = parse_wheel_filename(target.name)
+    except InvalidWheelFilename:
+        raise Refused(f"{what}: not a wheel (name it torch-VERSION-...whl) "
+                      "nor a directory") from None
+    if name != "torch":
+        raise Refused(f"{what}: a {name} wheel, not a torch wheel")
+    try:
+        with zipfile.ZipFile(target) as zf:
+            has_torch = "torch/__init__.py" in zf.namelist()
+    except (zipfile.BadZipFile, OSError) as e:
+        raise Refused(f"{what}: not a readable wheel ({e})") from None
+    if not has_torch:
+        raise Refused(f"{what}: holds no torch/__init__.py, not a torch wheel")
+    return target
+
+
+def _torch_root(target: Path) -> Path:
+    return target if (target / "torch").is_dir() else target.parent
+
+
+def rebase_python(target: Path, given: str | None, say=print) -> tuple[Path | None, str]:
+    """A Python whose torch is ``target``'s, to run the fixes' tests with, or why there is none.
+
+    A directory: the interpreter of the environment it sits in. A wheel: an environment of ours
+    that has it (same sha256 or version), else a new one made from it.
+    """
+    if given:
+        return check_python(Path(given)), ""
+    if target.is_dir():
+        for up in [target, *target.parents][:5]:
+            is_env = (up / "pyvenv.cfg").is_file() or (up / "conda-meta").is_dir()
+            if is_env and (up / "bin" / "python").is_file():
+                return up / "bin" / "python", ""
+        return None, f"no Python environment around {target} (pass --python)"
+    sha = sha256_file(target)
+    version = str(parse_wheel_filename(target.name)[1])
+    for marker in sorted(envs.ENVS.glob(f"*/{envs.MARKER}")):
+        try:
+            have = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            continue
+        python = envs.python_of(marker.parent)
+        if (have.get("key") == sha or have.get("torch_version") == version) and python.is_file():
+            return python, ""
+    say(f"venv    no environment with {target.name} yet: making one (minutes)", flush=True)
+    try:
+        return envs.python_of(envs.ensure("rebase", str(target), sha)), ""
+    except envs.EnvError as e:
+        return None, f"could not make an environment for it ({str(e).splitlines()[0]})"
+
+
 def rebase_check(series: Series, target: Path) -> dict[str, str]:
     """Textual verdict per patch against another torch's files (a wheel, or a dir holding torch/).
 
@@ -234,7 +312,7 @@ def rebase_check(series: Series, target: Path) -> dict[str, str]:
         with zipfile.ZipFile(target) as zf:
             files = {path: zf.read(path) for path in paths & set(zf.namelist())}
     else:
-        root = target if (target / "torch").is_dir() else target.parent
+        root = _torch_root(target)
         files = {path: (root / path).read_bytes() for path in paths if (root / path).is_file()}
     with tempfile.TemporaryDirectory(prefix="symfix-rebase-") as tmp:
         write_tree(Path(tmp), files)
