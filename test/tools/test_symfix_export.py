@@ -140,6 +140,15 @@ class TestCarryTests(TestCase):
         # only the name the carried tests use
         self.assertNotIn("free_symbols", text)
 
+    def test_a_name_joins_the_files_import_from_its_module(self):
+        theirs = THEIRS.replace("import torch\n", "import torch\nfrom torch.fx.experimental."
+                                "symbolic_shapes import (\n    DimDynamic,\n    StatelessSymbolic"
+                                "Context,\n)\n")
+        text = carry(theirs + "\n\n" + MAIN)
+        self.assertIn("from torch.fx.experimental.symbolic_shapes import (\n    DimDynamic,\n"
+                      "    ShapeEnv,\n    StatelessSymbolicContext,\n)\n", text)
+        self.assertEqual(text.count("symbolic_shapes import"), 1)
+
     def test_new_file_in_pytorch_style(self):
         text = carry(None)
         self.assertTrue(text.startswith('# Owner(s): ["module: ours"]\nimport operator\n'))

@@ -274,6 +274,22 @@ def carry(ours_text: str, target_text: str | None, path: str,
             want, have = bound in used_names, target.binds(bound)
         if want and not have:
             needed.setdefault(node.lineno, (node, []))[1].append(alias)
+    # A name from a module the file already imports from joins that statement.
+    replace: dict[int, tuple[int, str]] = {}  # first line -> (end line, new text)
+    for key, (node, aliases) in list(needed.items()):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        theirs = next((n for n in target.tree.body if isinstance(n, ast.ImportFrom)
+                       and (n.module, n.level) == (node.module, node.level)
+                       and n.names[0].name != "*"
+                       and "#" not in "".join(target.lines[n.lineno - 1:n.end_lineno])), None)
+        if theirs is None or theirs.lineno - 1 in replace:
+            continue
+        names = [*theirs.names, *aliases]
+        if [a.name.lower() for a in theirs.names] == sorted(a.name.lower() for a in theirs.names):
+            names.sort(key=lambda a: a.name.lower())
+        replace[theirs.lineno - 1] = (theirs.end_lineno, _import_text(theirs, names))
+        del needed[key]
     imports = "".join(_import_text(node, aliases) for _, (node, aliases) in sorted(needed.items()))
 
     if imports:
@@ -306,8 +322,10 @@ def carry(ours_text: str, target_text: str | None, path: str,
         before = "\n\n" if (new_file or target.main is None) and lines else ""
         after = "\n\n" if target.main is not None and main_text is None else ""
         insert[main_at].append(before + "\n\n".join(tail) + after)
-    for at in sorted(insert, reverse=True):
-        lines[at:at] = insert[at]
+    for at in sorted({*insert, *replace}, reverse=True):
+        if at in replace:
+            lines[at:replace[at][0]] = [replace[at][1]]
+        lines[at:at] = insert.get(at, [])
     return "".join(lines)
 
 
