@@ -257,6 +257,21 @@ class TestExport(TestCase):
                                                 "TestUnbackedRebind",
                                                 "if __name__ == '__main__':"])
 
+    def test_tests_that_cannot_be_carried_leave_the_checkout_as_it_was(self):
+        (self.src / "test").mkdir()
+        (self.src / "test" / "test_dynamic_shapes.py").write_text(
+            THEIRS + "\n\ndef _retrace(gm):\n    return gm\n\n\n" + MAIN)
+        git(self.src, "add", "-A")
+        git(self.src, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tests")
+        head = git(self.src, "rev-parse", "HEAD")
+        proc = self.export(FIRST.id, "--base", "HEAD")
+        self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+        self.assertIn("defines _retrace differently from ours", proc.stderr)
+        self.assertEqual(git(self.src, "rev-parse", "HEAD"), head)
+        self.assertEqual(git(self.src, "status", "--porcelain"), "")
+        self.assertEqual(git(self.src, "branch", "--list", "symfix/export/*"), "")
+        self.assertFalse(self.out.exists())
+
     def test_pr_text(self):
         self.assertExpectedInline(export.pr_text(SERIES, SERIES.patches[0], FIRST), """\
 # [release/2.13] [dynamic shapes] rebind_unbacked: accept a derived expression as the new binding
