@@ -426,6 +426,27 @@ class TestOwnFixToMain(TestCase):
                          ("v2.13.0", "release/2.13", len(SERIES.patches)))
         pinned = export.plan(self.root, self.OWN.id, "v2.13.0")
         self.assertEqual((pinned.series.base["tag"], pinned.target), ("v2.13.0", "release/2.13"))
+        # An own fix the newer base has already: to the release branch, saying so.
+        manifest = self.root / "patches" / "v2.15.0" / "manifest.toml"
+        other = BY_ID["sdpa-cpu-unbacked-zero-seq"]
+        manifest.write_text(manifest.read_text() + textwrap.dedent(f"""
+            [[fix]]
+            id = "{other.id}"
+            title = "t"
+            upstream = []
+            fixes = []
+            component = "SDPA"
+            status = "in-base"
+            """))
+        fixed = export.plan(self.root, other.id)
+        self.assertEqual((fixed.series.base["tag"], fixed.target), ("v2.13.0", "release/2.13"))
+        self.assertEqual(fixed.note, "v2.15.0 has this fix already (our tests of it pass there), "
+                         "so it is not for `main`; this change is for `release/2.13` only.")
+        patch = fixed.patches[0]
+        text = export.pr_text(fixed.series, patch, fixed.series.fix_for(patch), fixed.target,
+                              fixed.note)
+        self.assertTrue(text.startswith(f"# [release/2.13] {patch.subject}\n\n{fixed.note}\n"
+                                        "\n## Problem\n"))
         with self.assertRaisesRegex(Refused, "no series for base v9.0.0"):
             export.plan(self.root, self.OWN.id, "v9.0.0")
 

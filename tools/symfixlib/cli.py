@@ -302,7 +302,7 @@ def cmd_export(args) -> int:
     plan = export.plan(ROOT, args.id, args.series)
     s = plan.series
     print(f"series  {s.base['tag']}: {len(plan.patches)} of {len(s.patches)} patches, "
-          f"PR text addressed to {plan.target}")
+          f"PR text addressed to {plan.target}" + (f"\n        {plan.note}" if plan.note else ""))
     src = Path(args.onto).resolve()
     export.check_checkout(src)
     export.check_out_dir(Path(args.out))

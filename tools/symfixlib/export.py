@@ -62,6 +62,7 @@ class Plan:
     series: Series
     patches: list[Patch]
     target: str  # "main" or "release/X.Y"
+    note: str = ""  # for the PR text: e.g. that a newer release has the fix already
 
     @property
     def name(self) -> str:
@@ -99,7 +100,14 @@ def plan(root: Path, fix_id: str | None, tag: str | None = None) -> Plan:
     s = loaded[chosen]
     fix = next(f for f in s.fixes if f.id == fix_id)
     patches = [p for p in s.patches if p.name == fix.patch]
-    return Plan(s, patches, "main" if own and chosen == tags[0] else release_branch(s))
+    note = ""
+    if own and chosen != tags[0]:
+        newer = [t for t in tags[:tags.index(chosen)] if t in loaded and any(
+            f.id == fix_id and f.status == "in-base" for f in loaded[t].fixes)]
+        if newer:
+            note = (f"{newer[-1]} has this fix already (our tests of it pass there), so it is not "
+                    f"for `main`; this change is for `{release_branch(s)}` only.")
+    return Plan(s, patches, "main" if own and chosen == tags[0] else release_branch(s), note)
 
 
 def repro(series: Series, fix: Fix) -> tuple[str, str] | None:
@@ -126,7 +134,8 @@ def _test_plan(fix: Fix) -> list[str]:
     return lines
 
 
-def pr_text(series: Series, patch: Patch, fix: Fix, target: str | None = None) -> str:
+def pr_text(series: Series, patch: Patch, fix: Fix, target: str | None = None,
+            note: str = "") -> str:
     """The PR description: a cherry-pick for a release branch, or a fix of ours for main."""
     target = target or ("main" if fix.status == "original" else release_branch(series))
     title = patch.subject if target == "main" else f"[{target}] {patch.subject}"
@@ -139,7 +148,7 @@ def pr_text(series: Series, patch: Patch, fix: Fix, target: str | None = None) -
                   "", "## Release tracker", "", f"Criterion: {CRITERION}", ""]
         return "\n".join(lines + _test_plan(fix))
     paragraphs = summary(patch).split("\n\n")
-    lines = [f"# {title}", "", "## Problem", "", paragraphs[0], ""]
+    lines = [f"# {title}", "", *([note, ""] if note else []), "## Problem", "", paragraphs[0], ""]
     if found := repro(series, fix):
         test, src = found
         lines += ["## Repro", "", f"The smallest regression test (`{test}`); it fails without "
@@ -222,7 +231,7 @@ def export(p: Plan, src: Path, base: str | None, out: Path, say=print) -> Export
     texts = []
     for patch, fix in zip(p.patches, fixes, strict=True):
         path = out / f"{patch.name.removesuffix('.patch')}.md"
-        path.write_text(pr_text(series, patch, fix, p.target))
+        path.write_text(pr_text(series, patch, fix, p.target, p.note))
         texts.append(path)
     return Exported(branch, commits, texts)
 
