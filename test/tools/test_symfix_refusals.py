@@ -59,6 +59,9 @@ class TestRefusals(TestCase):
         self.assertRefused("python /nonexistent/python: no such file",
                            "status", "--python", "/nonexistent/python")
         self.assertRefused("not an executable file", "status", "--python", str(self.file))
+        proc = symfix("status", "--python", "/bin/true")  # runs, but is no Python with torch
+        self.assertEqual((proc.returncode, proc.stderr), (2, "symfix: /bin/true cannot import "
+                                                              "torch\n"))
         for target, reason in [("/nonexistent", "no such file or directory"),
                                (self.file, "not a wheel"),
                                (self.corrupt, "not a readable wheel"),

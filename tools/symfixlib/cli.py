@@ -176,7 +176,7 @@ def cmd_status(args) -> int:
         [str(python), "-c", "import importlib, importlib.util as u, torch;"
          "print(torch.__version__); print(len(importlib.import_module('torch._symfix').PATCHES) "
          "if u.find_spec('torch._symfix') else 0)"], capture_output=True, text=True)
-    if probe.returncode:
+    if probe.returncode or len(probe.stdout.split()) != 2:
         print(f"symfix: {python} cannot import torch", file=sys.stderr)
         return 2
     version, patches = probe.stdout.split()

@@ -306,7 +306,7 @@ def rebase_python(target: Path, given: str | None, say=print) -> tuple[Path | No
     say(f"venv    no environment with {target.name} yet: making one (minutes)", flush=True)
     try:
         return envs.python_of(envs.ensure("rebase", str(target), sha)), ""
-    except envs.EnvError as e:
+    except (envs.EnvError, OSError) as e:
         return None, f"could not make an environment for it ({str(e).splitlines()[0]})"
 
 
