@@ -1,10 +1,15 @@
 # Owner(s): ["module: ci"]
 """Tests of `tools/symfix.py export` and `status --rebase-onto` on a miniature PyTorch checkout."""
 
+import ast
+import json
 import os
+import py_compile
 import shutil
+import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 from torch.testing._internal.common_utils import run_tests, TestCase
@@ -13,12 +18,187 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from symfixlib import basewheel, export, series  # noqa: E402
+from symfixlib import basewheel, export, porttests, series  # noqa: E402
+from symfixlib.errors import Refused  # noqa: E402
 from test_symfix_source import git, make_checkout, symfix  # noqa: E402
 
 SERIES = series.load()
 FIRST = SERIES.fix_for(SERIES.patches[0])
 CONTEXT = "            if not isinstance(raw_u1, sympy.Symbol):\n"  # in the first patch's hunk
+BY_ID = {f.id: f for f in SERIES.fixes}
+
+# Our test file, in miniature: what porttests.carry takes tests from.
+OURS = textwrap.dedent('''\
+    # Owner(s): ["module: ours"]
+    import operator
+    import sys
+
+    import torch
+    from torch.fx.experimental.symbolic_shapes import free_symbols, ShapeEnv
+    from torch.testing._internal.common_utils import run_tests, TestCase
+
+    LIMIT = 3
+
+
+    # a comment that goes with it
+    def _helper(x):
+        return _inner(x) + LIMIT
+
+
+    def _inner(x):
+        return operator.neg(x)
+
+
+    def _unused():
+        return sys.argv
+
+
+    class TestMine(TestCase):
+        def _shape_env(self):
+            return ShapeEnv()
+
+        def test_proof(self):
+            self.assertEqual(_helper(1), 2)
+
+        def test_other_fix(self):
+            self.assertTrue(free_symbols(torch.ones(1)) == set())
+
+        def test_guard(self):
+            self.assertIsNotNone(self._shape_env())
+
+
+    class TestUnrelated(TestCase):
+        def test_x(self):
+            pass
+
+
+    if __name__ == "__main__":
+        run_tests()
+    ''')
+
+# The checkout's file: its own tests, some of our imports already.
+THEIRS = textwrap.dedent('''\
+    # Owner(s): ["module: theirs"]
+    import torch
+    from torch.testing._internal.common_utils import run_tests, TestCase
+
+
+    class TestTheirs(TestCase):
+        def test_a(self):
+            self.assertTrue(torch.ones(1).all())
+    ''')
+MAIN = 'if __name__ == "__main__":\n    run_tests()\n'
+
+
+def carry(target, methods=("test_proof", "test_guard")):
+    text = porttests.carry(OURS, target, "test/test_mine.py", {"TestMine": set(methods)})
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "test_mine.py"
+        path.write_text(text)
+        py_compile.compile(str(path), cfile=str(Path(tmp) / "c.pyc"), doraise=True)
+    return text
+
+
+def top_level(text):
+    return [getattr(n, "name", None) or ast.unparse(n).split("\n")[0]
+            for n in ast.parse(text).body]
+
+
+class TestCarryTests(TestCase):
+    """porttests.carry: a fix's test classes into the upstream file at the same path."""
+
+    def test_into_file_with_main_block(self):
+        text = carry(THEIRS + "\n\n" + MAIN)
+        self.assertEqual(top_level(text), [
+            "import torch",
+            "from torch.testing._internal.common_utils import run_tests, TestCase",
+            "import operator",
+            "from torch.fx.experimental.symbolic_shapes import ShapeEnv",
+            "TestTheirs", "LIMIT = 3", "_helper", "_inner", "TestMine",
+            "if __name__ == '__main__':"])
+        self.assertIn("\n\n\n# a comment that goes with it\ndef _helper(x):\n", text)
+        self.assertNotIn("test_other_fix", text)
+        self.assertNotIn("_unused", text)
+        self.assertTrue(text.endswith("\n\n\n" + MAIN))
+        self.assertTrue(text.startswith(THEIRS.split("\n\n\n")[0] + "\n"))
+
+    def test_into_file_without_main_block(self):
+        text = carry(THEIRS)
+        self.assertEqual(top_level(text)[-3:], ["_inner", "TestMine",
+                                                "if __name__ == '__main__':"])
+        self.assertTrue(text.endswith("\n\n\n" + MAIN))
+        self.assertEqual(text.count("run_tests()"), 1)
+
+    def test_imports_already_present_are_not_added(self):
+        theirs = THEIRS.replace("import torch\n", "import operator\nimport torch\n"
+                                "from torch.fx.experimental.symbolic_shapes import ShapeEnv\n")
+        text = carry(theirs + "\n\n" + MAIN)
+        self.assertEqual(text.count("import operator"), 1)
+        self.assertEqual(text.count("import ShapeEnv"), 1)
+        self.assertEqual(text.count("import torch\n"), 1)
+        self.assertEqual(text.count("import run_tests, TestCase"), 1)
+        # only the name the carried tests use
+        self.assertNotIn("free_symbols", text)
+
+    def test_a_name_joins_the_files_import_from_its_module(self):
+        theirs = THEIRS.replace("import torch\n", "import torch\nfrom torch.fx.experimental."
+                                "symbolic_shapes import (\n    DimDynamic,\n    StatelessSymbolic"
+                                "Context,\n)\n")
+        text = carry(theirs + "\n\n" + MAIN)
+        self.assertIn("from torch.fx.experimental.symbolic_shapes import (\n    DimDynamic,\n"
+                      "    ShapeEnv,\n    StatelessSymbolicContext,\n)\n", text)
+        self.assertEqual(text.count("symbolic_shapes import"), 1)
+
+    def test_new_file_in_pytorch_style(self):
+        text = carry(None)
+        self.assertTrue(text.startswith('# Owner(s): ["module: ours"]\nimport operator\n'))
+        self.assertTrue(text.endswith("\n\n\n" + MAIN))
+        self.assertIn("from torch.testing._internal.common_utils import run_tests, TestCase\n",
+                      text)
+        self.assertNotIn("TestUnrelated", text)
+
+    def test_second_fix_adds_methods_to_the_class_the_first_added(self):
+        first = carry(THEIRS + "\n\n" + MAIN, ["test_proof"])
+        second = carry(first, ["test_other_fix"])
+        self.assertEqual(second.count("class TestMine"), 1)
+        self.assertEqual(second.count("def _helper"), 1)
+        self.assertIn("free_symbols, ShapeEnv", OURS)
+        self.assertEqual(second.count("free_symbols"), 2)  # imported once, used once
+        cls = next(n for n in ast.parse(second).body if getattr(n, "name", "") == "TestMine")
+        self.assertEqual([m.name for m in cls.body],
+                         ["_shape_env", "test_proof", "test_other_fix"])
+        self.assertEqual(carry(second, ["test_other_fix"]), second)  # nothing left to add
+
+    def test_a_different_helper_of_the_same_name_is_refused(self):
+        theirs = THEIRS + "\n\ndef _helper(x):\n    return x\n"
+        with self.assertRaisesRegex(Refused, "defines _helper differently"):
+            carry(theirs)
+
+    def test_a_test_the_manifest_names_but_the_file_lacks(self):
+        with self.assertRaisesRegex(Refused, "class TestMine has no test test_gone"):
+            carry(THEIRS, ["test_gone"])
+
+    def test_own_main_block_replaces_a_plain_one(self):
+        ours = OURS.replace(MAIN, 'if __name__ == "__main__":\n    if sys.argv[1:] == ["--x"]:\n'
+                            '        print(LIMIT)\n    else:\n        run_tests()\n')
+        text = porttests.carry(ours, THEIRS + "\n\n" + MAIN, "test/test_mine.py",
+                               {"TestMine": {"test_guard"}})
+        self.assertTrue(text.endswith(ours[ours.index("if __name__"):]))
+        self.assertIn("import sys\n", text)
+        self.assertIn("LIMIT = 3\n", text)
+
+    def test_every_fix_of_the_series(self):
+        for patch in SERIES.patches:
+            fix = SERIES.fix_for(patch)
+            for path, classes in porttests.wanted(fix).items():
+                ours = (ROOT / path).read_text()
+                for target in (None, THEIRS + "\n\n" + MAIN):
+                    text = porttests.carry(ours, target, path, classes)
+                    porttests.compiles(text, path)
+                    names = top_level(text)
+                    self.assertEqual(names[-1], "if __name__ == '__main__':")
+                    self.assertTrue(set(classes) <= set(names), (fix.id, path))
+
 
 
 class TestExport(TestCase):
@@ -46,6 +226,51 @@ class TestExport(TestCase):
         self.assertIn("Fixes #183677", message)
         # The series keeps its trailers.
         self.assertIn("Origin: backport,", SERIES.patches[0].path.read_text())
+        # The fix and its tests in one commit; the test plan's command runs in the checkout.
+        self.assertEqual(git(self.src, "show", "--name-status", "--format=", "HEAD").splitlines(),
+                         ["A\ttest/test_dynamic_shapes.py",
+                          "M\ttorch/fx/experimental/symbolic_shapes.py"])
+        text = (self.out / "0001-rebind-unbacked-derived-expression.md").read_text()
+        command = "python test/test_dynamic_shapes.py -k TestUnbackedRebind"
+        self.assertIn(f"\n{command}\n", text)
+        run = subprocess.run([sys.executable, *command.split()[1:]], cwd=self.src,
+                             capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        self.assertRegex(run.stderr, r"Ran 4 tests in .*\n\nOK")
+
+    def test_into_the_upstream_file(self):
+        # The checkout has the upstream test file: ours go in before its __main__ block.
+        (self.src / "test").mkdir()
+        (self.src / "test" / "test_dynamic_shapes.py").write_text(THEIRS + "\n\n" + MAIN)
+        git(self.src, "add", "-A")
+        git(self.src, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tests")
+        git(self.src, "tag", "-f", "v2.13.0")
+        proc = self.export(FIRST.id)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        diff = git(self.src, "show", "--format=", "HEAD", "--", "test/test_dynamic_shapes.py")
+        self.assertNotRegex(diff, r"\n-[^-]")  # only additions
+        text = (self.src / "test" / "test_dynamic_shapes.py").read_text()
+        self.assertEqual(top_level(text)[:3], ["import torch",
+                         "from torch.testing._internal.common_utils import run_tests, TestCase",
+                         "import operator"])
+        self.assertEqual(top_level(text)[-5:], ["TestTheirs", "_retrace", "_only_node",
+                                                "TestUnbackedRebind",
+                                                "if __name__ == '__main__':"])
+
+    def test_tests_that_cannot_be_carried_leave_the_checkout_as_it_was(self):
+        (self.src / "test").mkdir()
+        (self.src / "test" / "test_dynamic_shapes.py").write_text(
+            THEIRS + "\n\ndef _retrace(gm):\n    return gm\n\n\n" + MAIN)
+        git(self.src, "add", "-A")
+        git(self.src, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tests")
+        head = git(self.src, "rev-parse", "HEAD")
+        proc = self.export(FIRST.id, "--base", "HEAD")
+        self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+        self.assertIn("defines _retrace differently from ours", proc.stderr)
+        self.assertEqual(git(self.src, "rev-parse", "HEAD"), head)
+        self.assertEqual(git(self.src, "status", "--porcelain"), "")
+        self.assertEqual(git(self.src, "branch", "--list", "symfix/export/*"), "")
+        self.assertFalse(self.out.exists())
 
     def test_pr_text(self):
         self.assertExpectedInline(export.pr_text(SERIES, SERIES.patches[0], FIRST), """\
@@ -80,6 +305,7 @@ Criterion: Critical fix: a hard failure (data-dependent error or assertion) when
 ## Test plan
 
 ```
+python test/test_dynamic_shapes.py -k TestUnbackedRebind
 python -m pytest test/test_dynamic_shapes.py::TestUnbackedRebind::test_rebind_size_to_derived_expr_after_pass test/test_dynamic_shapes.py::TestUnbackedRebind::test_rebind_item_to_derived_expr_records_replacement test/test_dynamic_shapes.py::TestUnbackedRebind::test_rebind_to_fresh_symbol_renames test/test_dynamic_shapes.py::TestUnbackedRebind::test_rebind_to_constant_is_discarded
 ```
 
@@ -102,6 +328,30 @@ Behaviour kept (pass before and after):
         self.assertEqual(git(self.src, "rev-list", "--merges", "v2.13.0..HEAD"), "")
         texts = sorted(p.name for p in self.out.iterdir())
         self.assertEqual(texts, [p.name.replace(".patch", ".md") for p in SERIES.patches])
+        commits = git(self.src, "rev-list", "--reverse", "v2.13.0..HEAD").splitlines()
+        for commit, patch in zip(commits, SERIES.patches, strict=True):
+            # Every commit: the patch's files and its fix's test files, nothing else.
+            fix = SERIES.fix_for(patch)
+            files = git(self.src, "show", "--name-only", "--format=", commit).splitlines()
+            self.assertEqual(sorted(files), sorted({c.path for c in patch.changes}
+                                                   | set(porttests.wanted(fix))), fix.id)
+            for path, classes in porttests.wanted(fix).items():
+                text = git(self.src, "show", f"{commit}:{path}")
+                porttests.compiles(text, path)
+                tree = {n.name: n for n in ast.parse(text).body if isinstance(n, ast.ClassDef)}
+                for name, methods in classes.items():
+                    have = {m.name for m in tree[name].body if isinstance(m, ast.FunctionDef)}
+                    self.assertLessEqual(methods, have, (fix.id, name))
+        # Two fixes, one test class (0011 and 0012: TestPickleCapturedGraph): the second
+        # commit adds its tests to the class the first one added.
+        second = commits[[p.name[:4] for p in SERIES.patches].index("0012")]
+        status = git(self.src, "show", "--name-status", "--format=", second, "--",
+                     "test/test_proxy_tensor.py")
+        self.assertEqual(status, "M\ttest/test_proxy_tensor.py")
+        diff = git(self.src, "show", "--format=", second, "--", "test/test_proxy_tensor.py")
+        self.assertNotRegex(diff, r"\n-[^-]")
+        self.assertNotIn("+class ", diff)
+        self.assertIn("+    def test_unpickle_make_fx_graph_in_fresh_process(self):", diff)
 
     def test_patch_that_does_not_apply_on_target(self):
         # release/2.13 moved on: the context of the first patch changed there.
@@ -127,6 +377,104 @@ Behaviour kept (pass before and after):
         self.assertIn("git checkout -b symfix/export/stack v2.13.0", proc.stdout)
         self.assertEqual(git(self.src, "rev-parse", "HEAD"), head)
         self.assertFalse(self.out.exists())
+
+
+def fake_newer_base(root: Path, fix: series.Fix) -> Path:
+    """A copy of the repo at ``root`` with a second base, v2.15.0, whose series carries ``fix``
+    (its 2.13 mail, the subject marked so that the export shows which one it took)."""
+    for name in ("tools", "test", "patches"):
+        shutil.copytree(ROOT / name, root / name,
+                        ignore=shutil.ignore_patterns("__pycache__", ".*"))
+    shutil.copy(ROOT / "pyproject.toml", root)
+    patch = next(p for p in SERIES.patches if p.name == fix.patch)
+    tag = root / "patches" / "v2.15.0"
+    tag.mkdir()
+    (tag / patch.name).write_text(
+        patch.path.read_text().replace("Subject: [PATCH] ", "Subject: [PATCH] [v2.15] ", 1))
+    (tag / "series").write_text(patch.name + "\n")
+    row = {"id": fix.id, "title": fix.title, "upstream": [], "fixes": [],
+           "component": fix.component, "status": "original", "files": list(fix.files),
+           "patch": fix.patch, "proof": list(fix.proof), "guard": list(fix.guard)}
+    (tag / "manifest.toml").write_text(
+        '[base]\nversion = "2.15.0"\ntag = "v2.15.0"\ncommit = "%s"\n'
+        'requirement = "torch==2.15.0"\nlabel = "symfix"\n\n'
+        '[upstream]\nrequirement = "torch==2.15.0"\n\n[[fix]]\n' % ("0" * 40)
+        + "".join(f"{k} = {json.dumps(v)}\n" for k, v in row.items()))
+    return root
+
+
+class TestOwnFixToMain(TestCase):
+    """A fix of ours goes to main from the newest base's series; backports stay on 2.13."""
+
+    OWN = BY_ID["proxy-nary-sym-expr"]
+
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="symfix-export-main-"))
+        self.addCleanup(shutil.rmtree, self.tmp)
+        self.root = fake_newer_base(self.tmp / "symfix", self.OWN)
+
+    def test_plan(self):
+        self.assertEqual(series.bases(self.root), ["v2.13.0", "v2.15.0"])
+        own = export.plan(self.root, self.OWN.id)
+        self.assertEqual((own.series.base["tag"], own.target), ("v2.15.0", "main"))
+        self.assertTrue(own.patches[0].subject.startswith("[v2.15] "))
+        backport = export.plan(self.root, FIRST.id)
+        self.assertEqual((backport.series.base["tag"], backport.target),
+                         ("v2.13.0", "release/2.13"))
+        stack = export.plan(self.root, None)
+        self.assertEqual((stack.series.base["tag"], stack.target, len(stack.patches)),
+                         ("v2.13.0", "release/2.13", len(SERIES.patches)))
+        pinned = export.plan(self.root, self.OWN.id, "v2.13.0")
+        self.assertEqual((pinned.series.base["tag"], pinned.target), ("v2.13.0", "release/2.13"))
+        # An own fix the newer base has already: to the release branch, saying so.
+        manifest = self.root / "patches" / "v2.15.0" / "manifest.toml"
+        other = BY_ID["sdpa-cpu-unbacked-zero-seq"]
+        manifest.write_text(manifest.read_text() + textwrap.dedent(f"""
+            [[fix]]
+            id = "{other.id}"
+            title = "t"
+            upstream = []
+            fixes = []
+            component = "SDPA"
+            status = "in-base"
+            """))
+        fixed = export.plan(self.root, other.id)
+        self.assertEqual((fixed.series.base["tag"], fixed.target), ("v2.13.0", "release/2.13"))
+        self.assertEqual(fixed.note, "v2.15.0 has this fix already (our tests of it pass there), "
+                         "so it is not for `main`; this change is for `release/2.13` only.")
+        patch = fixed.patches[0]
+        text = export.pr_text(fixed.series, patch, fixed.series.fix_for(patch), fixed.target,
+                              fixed.note)
+        self.assertTrue(text.startswith(f"# [release/2.13] {patch.subject}\n\n{fixed.note}\n"
+                                        "\n## Problem\n"))
+        with self.assertRaisesRegex(Refused, "no series for base v9.0.0"):
+            export.plan(self.root, self.OWN.id, "v9.0.0")
+
+    def test_export_to_main(self):
+        src = make_checkout(self.tmp / "pytorch")
+        git(src, "tag", "v2.13.0")
+        git(src, "branch", "main")
+        git(src, "checkout", "-q", "-b", "elsewhere")
+        out = self.tmp / "pr"
+        proc = subprocess.run([sys.executable, str(self.root / "tools" / "symfix.py"), "export",
+                               self.OWN.id, "--onto", str(src), "--out", str(out)],
+                              capture_output=True, text=True, cwd=self.root)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("series  v2.15.0: 1 of 1 patches, PR text addressed to main", proc.stdout)
+        self.assertEqual(git(src, "rev-parse", "HEAD~1"), git(src, "rev-parse", "main"))
+        subject = git(src, "log", "-1", "--format=%s")
+        self.assertTrue(subject.startswith("[v2.15] [ProxyTensor]"), subject)
+        self.assertEqual(git(src, "show", "--name-only", "--format=", "HEAD").splitlines(),
+                         ["test/test_proxy_tensor.py", "torch/fx/experimental/proxy_tensor.py"])
+        (text,) = [p.read_text() for p in out.iterdir()]
+        self.assertTrue(text.startswith(f"# {subject}\n\n## Problem\n\nWhen make_fx meets"))
+        sections = [ln for ln in text.splitlines() if ln.startswith("## ")]
+        self.assertEqual(sections, ["## Problem", "## Repro", "## Why this change is right",
+                                    "## Test plan"])
+        self.assertIn("```python\ndef test_", text)
+        self.assertIn("\npython test/test_proxy_tensor.py -k TestSymExprProxyNary\n", text)
+        self.assertNotIn("release/2.13", text)
+        self.assertNotIn("Written for symfix", text)
 
 
 class TestRebaseOnto(TestCase):

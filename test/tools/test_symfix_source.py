@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from symfixlib import build, checkout, series  # noqa: E402
-from symfixlib.basewheel import Refused  # noqa: E402
+from symfixlib.errors import Refused  # noqa: E402
 from test_symfix_wheel import real_base_wheel, series_with_broken_patch  # noqa: E402
 
 SERIES = series.load()

@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from .basewheel import Refused
+from .errors import Refused
 from .build import failing_hunk, PatchFailed
 from .series import Patch, Series
 
@@ -29,6 +29,8 @@ def verify(src: Path, series: Series, at: str = "HEAD") -> str:
     series touches has the pre-image blob its patch records. Returns how it was recognised.
     """
     what = f"checkout {src}"
+    if not src.is_dir():
+        raise Refused(f"{what}: no such directory")
     if not (src / ".git").exists():
         raise Refused(f"{what}: not a git checkout")
     head = git(src, "rev-parse", "--verify", "-q", f"{at}^{{commit}}", check=False).stdout.strip()
@@ -61,22 +63,31 @@ def am(src: Path, patches: list[Patch], branch: str, start: str = "HEAD",
        say=lambda patch, commit: None) -> list[str]:
     """Apply ``patches`` with ``git am`` on a new ``branch`` from ``start``, one commit each.
 
-    A patch that does not apply leaves the checkout as it was: am aborted, the previous branch
-    checked out again, the new branch deleted.
+    A patch that does not apply, or a ``say`` that raises, leaves the checkout as it was: am
+    aborted, the previous branch checked out again, the new branch deleted.
     """
     if git(src, "rev-parse", "-q", "--verify", f"refs/heads/{branch}", check=False).returncode == 0:
         raise Refused(f"checkout {src}: branch {branch} exists already; delete it first")
     previous = current_ref(src)
     git(src, "checkout", "-q", "-b", branch, start)
+
+    def undo():
+        git(src, "am", "--abort", check=False)
+        git(src, "reset", "-q", "--hard", check=False)
+        git(src, "checkout", "-q", previous)
+        git(src, "branch", "-q", "-D", branch)
+
     commits = []
     for patch in patches:
         proc = git(src, "am", "-q", "--keep-cr", "--keep-non-patch", str(patch.path), check=False)
         if proc.returncode:
-            git(src, "am", "--abort", check=False)
-            git(src, "checkout", "-q", previous)
-            git(src, "branch", "-q", "-D", branch)
+            undo()
             raise PatchFailed(f"patch {patch.name} does not apply to {src}: "
                               f"{failing_hunk(patch, proc.stdout + proc.stderr)}")
         commits.append(git(src, "rev-parse", "HEAD").stdout.strip())
-        say(patch, commits[-1])
+        try:
+            say(patch, commits[-1])
+        except BaseException:
+            undo()
+            raise
     return commits

@@ -15,7 +15,7 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from . import basewheel, bench, build, checkout, envs, export, matrix, series, source
-from .basewheel import Refused
+from .errors import Refused
 from .build import PatchFailed
 from .envs import EnvError
 from .series import ROOT, SeriesError
@@ -180,12 +180,12 @@ def cmd_status(args) -> int:
     if args.rebase_onto:
         return cmd_rebase_status(args)
     s = series.load()
-    python = Path(args.python or shutil.which("python3") or sys.executable)
+    python = export.check_python(Path(args.python or shutil.which("python3") or sys.executable))
     probe = subprocess.run(
         [str(python), "-c", "import importlib, importlib.util as u, torch;"
          "print(torch.__version__); print(len(importlib.import_module('torch._symfix').PATCHES) "
          "if u.find_spec('torch._symfix') else 0)"], capture_output=True, text=True)
-    if probe.returncode:
+    if probe.returncode or len(probe.stdout.split()) != 2:
         print(f"symfix: {python} cannot import torch", file=sys.stderr)
         return 2
     version, patches = probe.stdout.split()
@@ -220,12 +220,14 @@ def cmd_status(args) -> int:
 
 def cmd_worktree(args) -> int:
     """A git repo of the base wheel's Python files with the series applied, one commit a patch."""
+    dest = Path(args.dir)
+    if dest.exists() and not dest.is_dir():
+        raise Refused(f"worktree {dest}: exists and is not a directory")
+    if dest.exists() and any(dest.iterdir()):
+        raise Refused(f"worktree {dest}: exists and is not empty")
     s = load_series(args)
     base = base_wheel(s, args)
     step = Step("tree")
-    dest = Path(args.dir)
-    if dest.exists() and any(dest.iterdir()):
-        raise Refused(f"worktree {dest}: exists and is not empty")
     dest.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(base.path) as zf:
         for info in zf.infolist():
@@ -249,6 +251,10 @@ def cmd_worktree(args) -> int:
 def cmd_source(args) -> int:
     s = load_series()
     src = Path(args.src or args.clone).resolve()
+    export.check_python(Path(args.python))
+    export.check_out_dir(Path(args.out))
+    if args.clone and src.exists() and (not src.is_dir() or any(src.iterdir())):
+        raise Refused(f"--clone {src}: exists and is not an empty directory")
     if args.clone:
         cmds = source.clone_commands(src, s)
         if args.dry_run:
@@ -301,71 +307,55 @@ def cmd_source(args) -> int:
 
 
 def cmd_export(args) -> int:
-    s = load_series()
     if args.all == bool(args.id):
         raise Refused("export: name one fix id, or --all")
-    if args.all:
-        patches = s.patches
-    else:
-        fix = next((f for f in s.fixes if f.id == args.id), None)
-        if fix is None or fix.patch is None:
-            raise Refused(f"export: {args.id} is not a fix the series carries")
-        patches = [p for p in s.patches if p.name == fix.patch]
+    plan = export.plan(ROOT, args.id, args.series)
+    s = plan.series
+    print(f"series  {s.base['tag']}: {len(plan.patches)} of {len(s.patches)} patches, "
+          f"PR text addressed to {plan.target}" + (f"\n        {plan.note}" if plan.note else ""))
     src = Path(args.onto).resolve()
+    export.check_checkout(src)
+    export.check_out_dir(Path(args.out))
     if args.dry_run:
-        fix0 = s.fix_for(patches[0])
-        start = export.base_ref(src, fix0, args.base, s)
-        name = fix0.id if len(patches) == 1 else "stack"
-        print(f"would run, in {src}:\n  git checkout -b symfix/export/{name} {start}")
-        for p in patches:
-            print(f"  git am --keep-cr --keep-non-patch {p.path}   "
-                  f"# then drop trailers {', '.join(export.DROPPED_TRAILERS)}")
+        start = export.base_ref(src, plan.target, args.base, s)
+        print(f"would run, in {src}:\n  git checkout -b symfix/export/{plan.name} {start}")
+        for p in plan.patches:
+            fix = s.fix_for(p)
+            print(f"  git am --keep-cr --keep-non-patch {p.path}")
+            print(f"  add the tests to {', '.join(export.porttests.wanted(fix))}; "
+                  f"git commit --amend (without {', '.join(export.DROPPED_TRAILERS)})")
             print(f"  write {Path(args.out) / p.name.removesuffix('.patch')}.md")
         return 0
     step = Step("export")
 
-    def exported(patch, commit):
-        print(f"        {commit[:10]} {patch.subject}", flush=True)
+    def exported(patch, commit, tests):
+        print(f"        {commit[:10]} {patch.subject}\n                   + {', '.join(tests)}",
+              flush=True)
 
-    done = export.export(s, patches, src, args.base, Path(args.out), say=exported)
+    done = export.export(plan, src, args.base, Path(args.out), say=exported)
     step.done(f"{src}: branch {done.branch}, {len(done.commits)} commits")
     for text in done.texts:
         print(f"        PR text: {rel(text)}")
     return 0
 
 
-def rebase_python(target: Path, given: str | None) -> Path | None:
-    """A Python whose torch is ``target``'s, to run the fixes' tests with."""
-    if given:
-        return Path(given)
-    if target.is_dir():
-        for up in [target, *target.parents][:5]:
-            if (up / "bin" / "python").exists():
-                return up / "bin" / "python"
-        return None
-    version = target.name.split("-")[1].split("+")[0]
-    for link in (ROOT / ".symfix" / "upstream", ROOT / ".symfix" / "stock", VENV):
-        py = envs.python_of(link)
-        got = subprocess.run([str(py), "-c", "import torch; print(torch.__version__)"],
-                             capture_output=True, text=True).stdout.strip()
-        if got.split("+")[0] == version:
-            return py
-    return envs.python_of(install("rebase", str(target), basewheel.sha256_file(target)))
-
-
 def cmd_rebase_status(args) -> int:
     s = load_series()
-    target = Path(args.rebase_onto).resolve()
+    target = export.rebase_target(Path(args.rebase_onto).resolve())
     step = Step("rebase")
     verdicts = export.rebase_check(s, target)
-    python = rebase_python(target, args.python)
+    python, why_not = (None, "--no-tests") if args.no_tests else \
+        export.rebase_python(target, args.python)
     outcomes = {}
     if python:
         log = ROOT / ".symfix" / "logs" / "rebase.log"
         outcomes = matrix.run_tests(python, [t for p in s.patches for t in s.fix_for(p).tests],
                                     log).outcomes
+        if all(v == "missing" for v in outcomes.values()):
+            python, why_not = None, f"none ran with {python}, see {rel(log)}"
     step.done(f"{target.name}: {len(s.patches)} patches checked"
-              + (f", tests run with {python}" if python else ", no Python to run tests with"))
+              + (f", tests run with {python}" if python
+                 else f"; tests not run ({why_not}): verdicts from applying alone"))
     for patch in s.patches:
         fix = s.fix_for(patch)
         upstream = fix.proof and all(outcomes.get(t) == matrix.PASS for t in fix.tests)
@@ -468,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--python", help="interpreter of that install (default: python3 on PATH)")
     st.add_argument("--rebase-onto", metavar="WHEEL_OR_DIR",
                     help="forward-port check: does each patch apply to / is it in that torch?")
+    st.add_argument("--no-tests", action="store_true", help="with --rebase-onto: verdicts from "
+                    "applying alone, no environment made for that torch")
     wt = sub.add_parser("worktree", help="git repo of the base Python files + the series, to "
                         "write a patch in")
     wt.add_argument("dir")
@@ -476,7 +468,10 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("id", nargs="?", help="fix id (see patches/<base>/manifest.toml)")
     ex.add_argument("--all", action="store_true", help="the whole series, in order, one branch")
     ex.add_argument("--onto", required=True, help="a PyTorch checkout")
-    ex.add_argument("--base", help="ref to start from (default: release/2.13, else v2.13.0)")
+    ex.add_argument("--base", help="ref to start from (default: the branch addressed, main or "
+                    "release/X.Y, else the base tag)")
+    ex.add_argument("--series", metavar="TAG", help="export from this base's series (default: "
+                    "our own fixes from the newest base carrying them, backports from v2.13.0)")
     ex.add_argument("--out", default=str(DIST / "pr"), help="where PR texts go (dist/pr/)")
     ex.add_argument("--dry-run", action="store_true", help="print what it would do")
     so = sub.add_parser("source", help="rebuild PyTorch from a v2.13.0 checkout with the series")
