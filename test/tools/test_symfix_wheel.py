@@ -39,7 +39,7 @@ def real_base_wheel() -> Path:
     """The official 2.13.0 wheel: where `symfix.py test` says, else from pip like the tool."""
     if path := os.environ.get("SYMFIX_BASE_WHEEL"):
         return Path(path)
-    return basewheel.fetch(SERIES.base["requirement"], ROOT / ".symfix" / "cache" / "base")
+    return basewheel.fetch(SERIES, ROOT / ".symfix" / "cache" / "base")
 
 
 def base_members(names) -> dict[str, bytes]:

@@ -70,7 +70,7 @@ def gpu_present() -> bool:
 
 
 def variants_to_try(series: Series, variant: str | None) -> list[str]:
-    """The variant the user asked for, or the machine's choice (see the manifest's [base.variants])."""
+    """The variant asked for, or the machine's choice (see the manifest's [base.variants])."""
     known = series.base["variants"]
     if variant:
         if variant not in known:
@@ -85,7 +85,7 @@ def _find_links() -> list[Path]:
 
 
 def known_wheel_names(series: Series, variant: str, wanted: list[tags.Tag]) -> list[str]:
-    """Known wheels of ``variant`` that install on an interpreter with tags ``wanted``, best first."""
+    """Known wheels of ``variant`` installable with interpreter tags ``wanted``, best first."""
     label = series.base["variants"][variant]["label"]
     rank = {t: i for i, t in enumerate(wanted)}
     names = []

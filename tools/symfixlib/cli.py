@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import shutil
 import subprocess
@@ -15,9 +14,9 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from . import basewheel, bench, build, checkout, envs, export, matrix, series, source
-from .errors import Refused
 from .build import PatchFailed
 from .envs import EnvError
+from .errors import Refused
 from .series import ROOT, SeriesError
 
 CACHE = ROOT / ".symfix" / "cache"
@@ -169,8 +168,8 @@ def cmd_test(args) -> int:
         print(f"  ✗ {p}")
     print(f"{len(s.fixes)} fixes + {len(s.acceptance)} acceptance runs: "
           + (f"{len(problems)} problems" if problems else "all as expected"))
-    print(f"suite   pytest test/ on patched: {suite.summary}  "
-          f"(log: {rel(matrix.LOGS / 'suite-patched.log')})  {'ok' if suite.returncode == 0 else 'FAIL'}")
+    print(f"suite   pytest test/ on patched: {suite.summary}  (log: "
+          f"{rel(matrix.LOGS / 'suite-patched.log')})  {'FAIL' if suite.returncode else 'ok'}")
     if suite.returncode:
         print((matrix.LOGS / "suite-patched.log").read_text()[-4000:])
     return 1 if problems or suite.returncode else 0

@@ -16,8 +16,8 @@ from packaging.version import Version
 
 from . import checkout, envs, porttests
 from .basewheel import sha256_file
-from .errors import Refused
 from .build import git_apply, write_tree
+from .errors import Refused
 from .series import bases, DEFAULT_BASE, Fix, load, Patch, Series
 
 # Our provenance trailers: the series keeps them, upstream commits do not want them.
