@@ -20,6 +20,11 @@ them).  What the unbacked graph costs per step beyond the static one:
   fixed_cost_us             per-step time of those nodes, unbacked minus static, measured
                             in place (perf_counter around each node of an FX Interpreter
                             run, medians over runs); fixed_cost_by_kind_us splits it
+  assert_cost_us            per-step time of the unbacked graph's _assert_scalar nodes
+  bookkeeping_us, bookkeeping_static_us  per-step time of all those nodes in each graph
+  step_unbacked_cpu_s, step_static_cpu_s, step_overhead_unbacked_vs_static_cpu
+                            the step figures in process CPU time (time.process_time):
+                            steadier than wall time on a machine shared with other jobs
   step_unbacked_large_s, step_static_large_s, step_overhead_unbacked_vs_static_large
                             the same step ratio with the model ``--large-size`` times as
                             wide at ``large_step_shape`` (a step of 50 ms or more;
@@ -235,6 +240,9 @@ def _bench(rank, world, port, args, out_path):
             ts = node_kind_times(static_cap, state, step_batch, args.steps)
             res["fixed_cost_by_kind_us"] = {k: (tu[k] - ts[k]) * 1e6 for k in tu}
             res["fixed_cost_us"] = sum(res["fixed_cost_by_kind_us"].values())
+            res["assert_cost_us"] = tu["assert"] * 1e6
+            res["bookkeeping_us"] = sum(tu.values()) * 1e6
+            res["bookkeeping_static_us"] = sum(ts.values()) * 1e6
             res["speedup_trace_vs_static_recompiles"] = (
                 res["static_recompiles_total_s"] / res["trace_unbacked_s"]
             )
