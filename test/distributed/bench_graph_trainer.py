@@ -25,7 +25,7 @@ them).  What the unbacked graph costs per step beyond the static one:
   step_unbacked_cpu_s, step_static_cpu_s, step_overhead_unbacked_vs_static_cpu
                             the step figures in process CPU time (time.process_time):
                             steadier than wall time on a machine shared with other jobs
-  step_unbacked_large_s, step_static_large_s, step_overhead_unbacked_vs_static_large
+  step_unbacked_large_s, step_static_large_s, step_overhead_unbacked_vs_static_large (and _cpu)
                             the same step ratio with the model ``--large-size`` times as
                             wide at ``large_step_shape`` (a step of 50 ms or more;
                             ``--large-size 0`` skips it)
