@@ -69,6 +69,20 @@ PARAM_SHAPES = {
 }
 
 
+def scale_model(size=1):
+    """Set the model's widths to ``size`` times the default ones (1: the tiny
+    test model).  The benchmark uses it to measure the same step with enough
+    compute per op that the per-node overhead no longer dominates."""
+    global VOCAB, DIM, FFN, HEAD_DIM
+    VOCAB, DIM, FFN = 64 * size, 32 * size, 32 * size
+    HEAD_DIM = DIM // HEADS
+    PARAM_SHAPES.update(
+        embed=(VOCAB, DIM), attn_norm=(DIM,), wqkv=(3 * DIM, DIM), wo=(DIM, DIM),
+        ffn_norm=(DIM,), router=(EXPERTS, DIM), w1=(EXPERTS, FFN, DIM),
+        w2=(EXPERTS, DIM, FFN), final_norm=(DIM,), head=(VOCAB, DIM),
+    )
+
+
 def _torch_frame(exc):
     """``torch/<file>:<function>`` of the innermost torch frame that raised."""
     where = None
