@@ -52,6 +52,8 @@ def series_tag(args) -> str:
     if getattr(args, "base", None):
         return "v" + args.base.removeprefix("v")
     if getattr(args, "wheel", None):
+        if not Path(args.wheel).is_file():
+            raise Refused(f"base wheel {args.wheel}: no such file")
         try:
             return f"v{parse_wheel_filename(Path(args.wheel).name)[1].public}"
         except InvalidWheelFilename as e:
