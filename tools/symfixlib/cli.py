@@ -388,7 +388,8 @@ def cmd_bench(args) -> int:
           f"{m['test'] / 300:5.2f}x the 5 minutes of symfix14's serial run (goal: 0.5x)")
     stock = bench.workload(envs.python_of(ROOT / ".symfix" / "stock"), "--static-only")
     patched = bench.workload(envs.python_of(VENV))
-    print("\ngraph trainer step (test/distributed/bench_graph_trainer.py), medians of 3")
+    print("\ngraph trainer step (test/distributed/bench_graph_trainer.py): medians; steps of the "
+          "two graphs interleaved, CPU time")
     if isinstance(stock, str) or isinstance(patched, str):
         print(f"  not measured: {stock if isinstance(stock, str) else patched}")
         return 1
@@ -397,10 +398,20 @@ def cmd_bench(args) -> int:
     print(f"  trace  one unbacked graph, patched             {one:7.2f} s")
     print(f"         {k} static graphs, one per shape, stock   {static:7.2f} s"
           f"   unbacked/static {one / static:5.2f}x")
-    step, static_step = patched["step_unbacked_s"], patched["step_static_s"]
-    print(f"  step   unbacked graph (with runtime asserts)   {step * 1e3:7.1f} ms")
-    print(f"         static graph of the same shape          {static_step * 1e3:7.1f} ms"
-          f"   unbacked/static {step / static_step:5.2f}x")
+    p = patched
+    by_kind = ", ".join(f"{kind} {us:+.0f}" for kind, us in p["fixed_cost_by_kind_us"].items())
+    print(f"  step   unbacked graph ({p['assert_nodes']} runtime asserts)      "
+          f"{p['step_unbacked_cpu_s'] * 1e3:7.2f} ms")
+    print(f"         static graph of that shape ({p['assert_nodes_static']} asserts)  "
+          f"{p['step_static_cpu_s'] * 1e3:7.2f} ms   unbacked/static "
+          f"{p['step_overhead_unbacked_vs_static_cpu']:5.2f}x (goal: <= 1.05x)")
+    print(f"         fixed cost of the unbacked graph  {p['fixed_cost_us']:+.0f} µs/step "
+          f"({by_kind})")
+    if "step_unbacked_large_cpu_s" in p:
+        print(f"         model x{p['large_size']}, shape {p['large_step_shape']}: "
+              f"{p['step_unbacked_large_cpu_s'] * 1e3:.1f} / "
+              f"{p['step_static_large_cpu_s'] * 1e3:.1f} ms   unbacked/static "
+              f"{p['step_overhead_unbacked_vs_static_large_cpu']:5.2f}x")
     return 0
 
 
