@@ -447,6 +447,42 @@ class TestFlexAttentionBlockMaskInTracedStep(TestCase):
             t = torch.tensor(seq)
             self.assertEqual(gm(t, x), step(t, x))
 
+    def test_decoding_shapes_in_traced_step(self):
+        # Decoding under graph-trainer capture: 1 to 16 new queries against an
+        # unbacked KV length in the thousands, the query block aligned to the
+        # end of the KV (a mask_mod closing over the SymInt KV - Q), with the
+        # BlockMask built in the graph.  One graph for every (Q, KV).
+        def step(tq, tkv, xq, xkv):
+            q_len = tq.item()
+            torch._check(q_len >= 1)
+            torch._check(q_len <= xq.size(2))
+            kv_len = tkv.item()
+            torch._check(kv_len >= 1)
+            torch._check(kv_len <= xkv.size(2))
+            offset = kv_len - q_len
+
+            def decode_causal(b, h, q_idx, kv_idx):
+                return q_idx + offset >= kv_idx
+
+            bm = create_block_mask(decode_causal, None, None, q_len, kv_len, device="cpu")
+            k = xkv[:, :, :kv_len]
+            return flex_attention(xq[:, :, :q_len], k, k * 2, block_mask=bm)
+
+        xq, xkv = torch.randn(1, 2, 16, 8), torch.randn(1, 2, 4096, 8)
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        args = [fake_mode.from_tensor(a) for a in (torch.tensor(4), torch.tensor(2000), xq, xkv)]
+        with (
+            torch._dynamo.config.patch(force_compile_during_fx_trace=True),
+            torch.compiler._non_strict_tracing_context(),
+            fake_mode,
+        ):
+            gm = make_fx(step, tracing_mode="real", _disable_torch_fn_metadata_mode=True)(
+                *args
+            )
+        for q_len, kv_len in ((1, 1000), (7, 2048), (16, 3000), (16, 16)):
+            real = (torch.tensor(q_len), torch.tensor(kv_len), xq, xkv)
+            self.assertEqual(gm(*real), step(*real))
+
     # Guard test: the transpose itself, with batch and head dims.
 
     def test_q_blocks_are_transposed_kv_blocks(self):
