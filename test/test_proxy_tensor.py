@@ -1,4 +1,5 @@
 # Owner(s): ["module: ProxyTensor"]
+import io
 import operator
 import pickle
 import subprocess
@@ -188,6 +189,13 @@ gm, args = pickle.loads(sys.stdin.buffer.read())
 sys.stdout.buffer.write(pickle.dumps(gm(*args)))
 """
 
+_TORCH_LOAD_AND_RUN = """
+import io, pickle, sys
+import torch
+gm, args = torch.load(io.BytesIO(sys.stdin.buffer.read()), weights_only=False)
+sys.stdout.buffer.write(pickle.dumps(gm(*args)))
+"""
+
 
 class TestPickleCapturedGraph(TestCase):
     """Captured make_fx graphs, with FlexAttention subgraphs, shipped to
@@ -233,6 +241,65 @@ class TestPickleCapturedGraph(TestCase):
         args = (torch.randn(1, 2, 16, 8), torch.randn(1, 2, 16, 8))
         gm = make_fx(step)(*args)
         self.assertEqual(self._run_in_fresh_process(gm, args), step(*args))
+
+    # Proof tests: a captured flex graph whose score_mod closes over tensors
+    # the step takes as inputs (ALiBi slopes, a relative position table), and
+    # symbolic graphs.
+
+    @staticmethod
+    def _alibi_step(q, k, slopes, rel):
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + slopes[h] * (kv_idx - q_idx) + rel[q_idx - kv_idx + 15]
+
+        return flex_attention(q, k, q + 1, score_mod=score_mod)
+
+    @staticmethod
+    def _alibi_args(seq=16):
+        torch.manual_seed(0)
+        return (torch.randn(1, 2, seq, 8), torch.randn(1, 2, seq, 8), torch.rand(2), torch.randn(31))
+
+    def test_unpickle_flex_graph_with_graph_input_closures_in_fresh_process(self):
+        # Stock 2.13.0 and 2.15.0, at load: "(Proxy(slopes_1), Proxy(rel_1))
+        # can only be of (Tensor, int, SymInt)" (after 0012's import error).
+        args = self._alibi_args()
+        gm = make_fx(self._alibi_step)(*args)
+        self.assertEqual(self._run_in_fresh_process(gm, args), self._alibi_step(*args))
+
+    def test_pickle_symbolic_flex_graph_in_fresh_process(self):
+        # Stock 2.13.0 and 2.15.0: pickle.dumps fails on gm.shape_env
+        # ("... pybind11 ... object is not pickleable").
+        args = self._alibi_args()
+        gm = make_fx(self._alibi_step, tracing_mode="symbolic")(*args)
+        self.assertIsNotNone(gm.shape_env)
+        # The loaded graph is still symbolic: it serves another length.
+        other = self._alibi_args(seq=12)
+        out = self._run_in_fresh_process(gm, other)
+        self.assertEqual(out, self._alibi_step(*other))
+        # Pickling left the traced module as it was.
+        self.assertIsNotNone(gm.shape_env)
+
+    def test_torch_save_symbolic_flex_graph_in_fresh_process(self):
+        args = self._alibi_args()
+        gm = make_fx(self._alibi_step, tracing_mode="symbolic")(*args)
+        buf = io.BytesIO()
+        torch.save((gm, args), buf)
+        proc = subprocess.run(
+            [sys.executable, "-c", _TORCH_LOAD_AND_RUN],
+            input=buf.getvalue(),
+            capture_output=True,
+            check=False,
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr.decode()[-2000:])
+        self.assertEqual(pickle.loads(proc.stdout), self._alibi_step(*args))
+
+    # Guard tests.
+
+    def test_subgraph_args_still_validated(self):
+        from torch._higher_order_ops.utils import validate_subgraph_args_types
+
+        validate_subgraph_args_types((torch.ones(2), 3))
+        with self.assertRaisesRegex(AssertionError, "can only be of"):
+            validate_subgraph_args_types((torch.ones(2), 1.5))
 
     # Guard test: unpickling where the triton wrapper module is already loaded.
 

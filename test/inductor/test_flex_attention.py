@@ -447,6 +447,42 @@ class TestFlexAttentionBlockMaskInTracedStep(TestCase):
             t = torch.tensor(seq)
             self.assertEqual(gm(t, x), step(t, x))
 
+    def test_decoding_shapes_in_traced_step(self):
+        # Decoding under graph-trainer capture: 1 to 16 new queries against an
+        # unbacked KV length in the thousands, the query block aligned to the
+        # end of the KV (a mask_mod closing over the SymInt KV - Q), with the
+        # BlockMask built in the graph.  One graph for every (Q, KV).
+        def step(tq, tkv, xq, xkv):
+            q_len = tq.item()
+            torch._check(q_len >= 1)
+            torch._check(q_len <= xq.size(2))
+            kv_len = tkv.item()
+            torch._check(kv_len >= 1)
+            torch._check(kv_len <= xkv.size(2))
+            offset = kv_len - q_len
+
+            def decode_causal(b, h, q_idx, kv_idx):
+                return q_idx + offset >= kv_idx
+
+            bm = create_block_mask(decode_causal, None, None, q_len, kv_len, device="cpu")
+            k = xkv[:, :, :kv_len]
+            return flex_attention(xq[:, :, :q_len], k, k * 2, block_mask=bm)
+
+        xq, xkv = torch.randn(1, 2, 16, 8), torch.randn(1, 2, 4096, 8)
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        args = [fake_mode.from_tensor(a) for a in (torch.tensor(4), torch.tensor(2000), xq, xkv)]
+        with (
+            torch._dynamo.config.patch(force_compile_during_fx_trace=True),
+            torch.compiler._non_strict_tracing_context(),
+            fake_mode,
+        ):
+            gm = make_fx(step, tracing_mode="real", _disable_torch_fn_metadata_mode=True)(
+                *args
+            )
+        for q_len, kv_len in ((1, 1000), (7, 2048), (16, 3000), (16, 16)):
+            real = (torch.tensor(q_len), torch.tensor(kv_len), xq, xkv)
+            self.assertEqual(gm(*real), step(*real))
+
     # Guard test: the transpose itself, with batch and head dims.
 
     def test_q_blocks_are_transposed_kv_blocks(self):
@@ -459,6 +495,133 @@ class TestFlexAttentionBlockMaskInTracedStep(TestCase):
             self._dense_from_ordered(bm.q_num_blocks, bm.q_indices, 5),
             dense.transpose(-2, -1).to(torch.int32),
         )
+
+
+class TestFlexAttentionCompiledCausalBlockMask(TestCase):
+    """torch.compile of a step that builds its causal BlockMask from an unbacked
+    sequence length and attends with it, on CPU: one compile serves lengths
+    256, 200 and 384 (not multiples of each other, 200 not of the block size)."""
+
+    LENGTHS = (256, 200, 384)
+
+    def setUp(self):
+        super().setUp()
+        torch._dynamo.reset()
+
+    def tearDown(self):
+        torch._dynamo.reset()
+        super().tearDown()
+
+    @staticmethod
+    def _attend(q, seq):
+        bm = create_block_mask(_causal, None, None, seq, seq, device="cpu")
+        return flex_attention(q, q * 2, q + 1, block_mask=bm)
+
+    @classmethod
+    def _step_from_input_length(cls, x):
+        # x is [B, S, H, D] (a projection's layout); the length is x's dim 1.
+        return cls._attend(x.transpose(1, 2), x.size(1))
+
+    @classmethod
+    def _step_from_item(cls, t, x):
+        # The length is data: a graph trainer's unbacked sequence length.
+        seq = t.item()
+        torch._check(seq >= 1)
+        torch._check(seq <= x.size(1))
+        return cls._attend(x[:, :seq].transpose(1, 2), seq)
+
+    def _run_from_input_length(self, backend):
+        counter = CompileCounterWithBackend(backend)
+        compiled = torch.compile(self._step_from_input_length, backend=counter, fullgraph=True)
+        for seq in self.LENGTHS:
+            x = torch.randn(1, seq, 2, 8)
+            x_unbacked = x.clone()
+            mark_unbacked(x_unbacked, 1)
+            self.assertEqual(compiled(x_unbacked), self._step_from_input_length(x))
+        self.assertEqual(counter.frame_count, 1)
+
+    def _run_from_item(self, backend):
+        counter = CompileCounterWithBackend(backend)
+        compiled = torch.compile(self._step_from_item, backend=counter, fullgraph=True)
+        x = torch.randn(1, 512, 2, 8)
+        with torch._dynamo.config.patch(capture_scalar_outputs=True):
+            for seq in self.LENGTHS:
+                t = torch.tensor(seq)
+                self.assertEqual(compiled(t, x), self._step_from_item(t, x))
+        self.assertEqual(counter.frame_count, 1)
+
+    # Proof tests.  Stock 2.13.0 and 2.15.0 fail the in-graph create_block_mask
+    # (_ordered_to_dense, see TestFlexAttentionBlockMaskInTracedStep); then:
+
+    def test_fill_order_of_unbacked_strides(self):
+        # The FlexAttention fake rule orders its output like the query with
+        # get_fill_order(query.stride()) and no ShapeEnv: stock 2.13.0 sorted
+        # with Python comparisons and raised on 16*u0 < 8.
+        from torch._inductor.ir import get_fill_order
+
+        u0 = ShapeEnv().create_unbacked_symint()
+        self.assertEqual(list(get_fill_order([16 * u0, 8, 16, 1])), [3, 1, 2, 0])
+        self.assertEqual(list(get_fill_order([16, 8 * u0, 8, 1])), [3, 2, 0, 1])
+
+    def test_length_from_input_size_aot_eager(self):
+        # Patched 2.13.0 before 0020: data-dependent 16*u0 < 8 in get_fill_order.
+        self._run_from_input_length("aot_eager")
+
+    def test_length_from_input_size_inductor(self):
+        # Patched 2.13.0 before 0021: lower_cpu's u0 <= 128*((u0 + 127)//128).
+        self._run_from_input_length("inductor")
+
+    def test_length_from_item_inductor(self):
+        # Patched 2.13.0 before 0021: same_ordered has no hint for
+        # ((u0 + 127)//128)**2, then lower_cpu's check as above.
+        self._run_from_item("inductor")
+
+    def test_length_from_item_aot_eager(self):
+        self._run_from_item("aot_eager")
+
+    # Guard tests: static sizes keep their behaviour.
+
+    def test_fill_order_of_static_strides(self):
+        from torch._inductor.ir import get_fill_order
+
+        self.assertEqual(list(get_fill_order([32, 8, 8, 1])), [3, 2, 1, 0])
+        self.assertEqual(list(get_fill_order([16, 8, 128, 1])), [3, 1, 0, 2])
+
+    def test_static_lengths_inductor(self):
+        x = torch.randn(1, 200, 2, 8)
+        compiled = torch.compile(self._step_from_input_length, backend="inductor", dynamic=False)
+        self.assertEqual(compiled(x), self._step_from_input_length(x))
+
+    def test_block_mask_too_small_is_runtime_error(self):
+        # The lowering's "block mask covers the length" check on unbacked sizes
+        # is a runtime assertion of the compiled code, not dropped.
+        def fn(x, kv_num_blocks, kv_indices):
+            seq = x.size(1)
+            bm = BlockMask.from_kv_blocks(kv_num_blocks, kv_indices, seq_lengths=(seq, seq))
+            q = x.transpose(1, 2)
+            return flex_attention(q, q * 2, q + 1, block_mask=bm)
+
+        def inputs(seq, n):
+            # All n kv blocks in every one of the n q block rows.
+            x = torch.randn(1, seq, 2, 8)
+            num = torch.full((1, 1, n), n, dtype=torch.int32)
+            idx = torch.arange(n, dtype=torch.int32).expand(1, 1, n, n).contiguous()
+            unbacked = [x.clone(), num.clone(), idx.clone()]
+            mark_unbacked(unbacked[0], 1)
+            mark_unbacked(unbacked[1], 2)
+            mark_unbacked(unbacked[2], 2)
+            mark_unbacked(unbacked[2], 3)
+            return (x, num, idx), unbacked
+
+        counter = CompileCounterWithBackend("inductor")
+        compiled = torch.compile(fn, backend=counter, fullgraph=True)
+        for seq, n in ((200, 2), (300, 3)):
+            args, unbacked = inputs(seq, n)
+            self.assertEqual(compiled(*unbacked), fn(*args))
+        _, unbacked = inputs(300, 2)  # 2 blocks of 128 do not cover 300
+        with self.assertRaisesRegex(RuntimeError, "Q seqlen must be smaller"):
+            compiled(*unbacked)
+        self.assertEqual(counter.frame_count, 1)
 
 
 if __name__ == "__main__":
