@@ -12,7 +12,9 @@ from torch._dynamo.decorators import mark_unbacked
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor._dtensor_spec import DTensorSpec
 from torch.distributed.tensor._utils import compute_global_tensor_info
+from torch.distributed.tensor.placement_types import _StridedShard
 from torch.testing._internal.common_utils import run_tests, TestCase
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -410,6 +412,231 @@ class TestDTensorToLocalBackwardUnevenShard(TestCase):
             self.assertEqual(grad, grad_eager)
             self.assertEqual(stride, stride_eager)
             self.assertEqual(stride, [4 * local_len, 1])
+
+
+class TestDTensorFromLocalUnbacked(TestCase):
+    """
+    DTensor.from_local() of a local tensor with unbacked sizes, without
+    shape= and stride=: the global layout is derived from the local one
+    without comparing symbolic strides (compute_global_tensor_info guards on
+    u0 >= 1 or 1 >= u0 for a [B, S] tensor with stride (u0, 1)), under
+    torch.compile and under make_fx (symfix 0017). Fake process group, world
+    size 4.
+    """
+
+    world_size = 4
+
+    def setUp(self):
+        super().setUp()
+        torch._dynamo.reset()
+        dist.init_process_group(
+            "fake", store=FakeStore(), rank=0, world_size=self.world_size
+        )
+        self.mesh = init_device_mesh("cpu", (self.world_size,))
+
+    def tearDown(self):
+        dist.destroy_process_group()
+        torch._dynamo.reset()
+        super().tearDown()
+
+    def _step(self, placements):
+        mesh = self.mesh
+
+        def step(local):
+            x = DTensor.from_local(local, mesh, placements, run_check=False)
+            out = (x * 2 + 1).to_local().sin()
+            return out, x.shape, x.stride()
+
+        return step
+
+    def _check_compiled(self, placements, unbacked_dims, shapes):
+        step = self._step(placements)
+        cnt = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(step, backend=cnt, fullgraph=True)
+        for shape in shapes:
+            local = torch.randn(shape)
+            local_eager = local.clone().requires_grad_()
+            out_eager, shape_eager, stride_eager = step(local_eager)
+            out_eager.sum().backward()
+
+            local_c = local.clone().requires_grad_()
+            for d in unbacked_dims:
+                mark_unbacked(local_c, d)
+            out, global_shape, global_stride = compiled(local_c)
+            out.sum().backward()
+            self.assertEqual(out, out_eager)
+            self.assertEqual(tuple(global_shape), tuple(shape_eager))
+            self.assertEqual(tuple(global_stride), tuple(stride_eager))
+            self.assertEqual(local_c.grad, local_eager.grad)
+        self.assertEqual(cnt.frame_count, 1)
+
+    def test_shard0_unbacked_inner_dim(self):
+        # stock: data-dependent error on 1 >= u0 (stride (u0, 1))
+        self._check_compiled([Shard(0)], (1,), [(3, 5), (3, 7), (3, 6)])
+
+    def test_shard1_unbacked_batch_and_seq(self):
+        # stock: data-dependent error on u0 >= 1
+        self._check_compiled([Shard(1)], (0, 1), [(3, 5), (4, 7), (2, 6)])
+
+    def test_shard1_unbacked_batch_of_transposed_layout(self):
+        # a [S, B] local tensor sharded on B: stride (u0, 1) with B unbacked
+        self._check_compiled([Shard(1)], (1,), [(3, 5), (3, 7), (3, 2)])
+
+    def test_static_layouts_unchanged(self):
+        # static local layouts keep compute_global_tensor_info's answer, a
+        # size-1 dim's stride (scaled by its comparison) and a
+        # channels-last layout included, in eager and compiled
+        cases = [
+            ([Shard(0)], torch.randn(3, 1)),
+            ([Shard(1)], torch.randn(3, 5)),
+            ([Shard(1)], torch.randn(2, 3, 2, 2).to(memory_format=torch.channels_last)),
+        ]
+        for placements, local in cases:
+            step = self._step(placements)
+            want_shape, want_stride = compute_global_tensor_info(local, self.mesh, placements)
+            for compiled in (False, True):
+                with self.subTest(placements=placements, shape=local.shape, compiled=compiled):
+                    torch._dynamo.reset()
+                    fn = torch.compile(step, backend="aot_eager", fullgraph=True) if compiled else step
+                    _, global_shape, global_stride = fn(local)
+                    self.assertEqual(tuple(global_shape), tuple(want_shape))
+                    self.assertEqual(tuple(global_stride), tuple(want_stride))
+
+    def test_shard1_make_fx_unbacked_batch_and_seq(self):
+        # a graph trainer's capture: make_fx over a fake [B, S] input with
+        # both sizes unbacked, runtime asserts inserted, replayed on other sizes
+        from torch._dynamo.source import LocalSource
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.proxy_tensor import make_fx
+        from torch.fx.experimental.symbolic_shapes import (
+            DimDynamic,
+            ShapeEnv,
+            StatelessSymbolicContext,
+        )
+        from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+
+        step = self._step([Shard(1)])
+
+        def train_step(local):
+            out, global_shape, global_stride = step(local)
+            (grad,) = torch.autograd.grad(out.sum(), local)
+            return [out, grad, *global_shape, *global_stride]
+
+        shape_env = ShapeEnv()
+        fake_mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
+        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.UNBACKED] * 2)
+        fake = fake_mode.from_tensor(
+            torch.randn(3, 5),
+            source=LocalSource("local", is_input=True),
+            symbolic_context=ctx,
+        ).requires_grad_()
+        with fake_mode:
+            gm = make_fx(train_step)(fake)
+        insert_deferred_runtime_asserts(gm, shape_env, "from_local")
+        gm.recompile()
+        for shape in [(3, 5), (4, 7), (2, 6)]:
+            local = torch.randn(shape, requires_grad=True)
+            self.assertEqual(gm(local), train_step(local))
+
+
+def _flatten_tokens(x):
+    # [B, S, D] sharded on S, flattened: _StridedShard(0, split_factor=B)
+    return (x * 2).flatten(0, 1)
+
+
+class TestDTensorStridedShardCompiledBoundary(TestCase):
+    """
+    A DTensor whose placement is a _StridedShard made by view propagation
+    (flattening a sequence-sharded [B, S, D] tensor) crossing the boundary of
+    a compiled graph, as its output or its input, with static shapes.
+    __tensor_unflatten__ rebuilt its spec with the shard_order of view
+    propagation but without use_strided_shard_as_shard_order=False: "ValueError:
+    DTensorSpec doesn't allow specify shard_order when
+    use_strided_shard_as_shard_order is True" (symfix 0018). Fake process
+    group, world size 2.
+    """
+
+    world_size = 2
+
+    def setUp(self):
+        super().setUp()
+        torch._dynamo.reset()
+        dist.init_process_group(
+            "fake", store=FakeStore(), rank=0, world_size=self.world_size
+        )
+        self.mesh = init_device_mesh("cpu", (self.world_size,))
+
+    def tearDown(self):
+        dist.destroy_process_group()
+        torch._dynamo.reset()
+        super().tearDown()
+
+    def _seq_sharded(self, requires_grad=False):
+        local = torch.randn(3, 4, 5)
+        x = DTensor.from_local(local, self.mesh, [Shard(1)], run_check=False)
+        return x.detach().requires_grad_(requires_grad)
+
+    def _check_same(self, out, ref):
+        self.assertIsInstance(out, DTensor)
+        self.assertEqual(out.placements, ref.placements)
+        self.assertEqual(
+            out._spec.use_strided_shard_as_shard_order,
+            ref._spec.use_strided_shard_as_shard_order,
+        )
+        self.assertEqual(out._spec.shard_order, ref._spec.shard_order)
+        self.assertEqual(out.shape, ref.shape)
+        self.assertEqual(out.stride(), ref.stride())
+        self.assertEqual(out.to_local(), ref.to_local())
+
+    def test_strided_shard_output(self):
+        x = self._seq_sharded()
+        ref = _flatten_tokens(x)
+        self.assertIsInstance(ref.placements[0], _StridedShard)
+        out = torch.compile(_flatten_tokens, backend="aot_eager", fullgraph=True)(x)
+        self._check_same(out, ref)
+
+    def test_strided_shard_input(self):
+        tokens = _flatten_tokens(self._seq_sharded())
+
+        def fn(t):
+            return t + 1
+
+        out = torch.compile(fn, backend="aot_eager", fullgraph=True)(tokens)
+        self._check_same(out, fn(tokens))
+
+    def test_strided_shard_input_and_output_backward(self):
+        # a _StridedShard leaf through a compiled graph and its backward
+        def fn(t):
+            return (t.sin() * 3).to_local().sum()
+
+        tokens = _flatten_tokens(self._seq_sharded()).detach().requires_grad_()
+        tokens_eager = tokens.detach().requires_grad_()
+        fn(tokens_eager).backward()
+        torch.compile(fn, backend="aot_eager", fullgraph=True)(tokens).backward()
+        self._check_same(tokens.grad, tokens_eager.grad)
+
+    def test_shard_order_spec_round_trip(self):
+        # guard: a plain Shard spec and a _StridedShard that encodes the shard
+        # order keep their flag and shard_order through flatten/unflatten
+        x = self._seq_sharded()
+        for spec in (
+            x._spec,
+            DTensorSpec(
+                self.mesh, (_StridedShard(0, split_factor=3),), tensor_meta=x._spec.tensor_meta
+            ),
+        ):
+            with self.subTest(placements=spec.placements):
+                t = DTensor(x._local_tensor, spec, requires_grad=False)
+                inner, ctx = t.__tensor_flatten__()
+                back = DTensor.__tensor_unflatten__(
+                    {a: getattr(t, a) for a in inner}, ctx, t.shape, t.stride()
+                )
+                self.assertEqual(back._spec, spec)
+                self.assertEqual(
+                    back._spec.use_strided_shard_as_shard_order,
+                    spec.use_strided_shard_as_shard_order,
+                )
+                self.assertEqual(back._spec.shard_order, spec.shard_order)
 
 
 def _partial_sum_step(x):
