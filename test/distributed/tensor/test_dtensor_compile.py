@@ -4,6 +4,7 @@ import subprocess
 import sys
 import tempfile
 
+import sympy
 import torch
 import torch._dynamo
 import torch.distributed as dist
@@ -11,7 +12,9 @@ from torch._dynamo.decorators import mark_unbacked
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor._dtensor_spec import DTensorSpec
 from torch.distributed.tensor._utils import compute_global_tensor_info
+from torch.distributed.tensor.placement_types import _StridedShard
 from torch.testing._internal.common_utils import run_tests, TestCase
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -267,6 +270,375 @@ class TestDTensorToLocalBackwardSymbolic(TestCase):
                 self.assertEqual(grad.to_local(), 2 * local)
 
 
+# rank 0's local length of a sequence of global length G sharded on 4 ranks,
+# for uneven (30, 22) and even (32, 20) shards
+_SEQ_SHARDS_4 = ((8, 30), (8, 32), (6, 22), (5, 20))
+
+
+class TestDTensorToLocalBackwardUnevenShard(TestCase):
+    """
+    to_local() backward of a Shard(1) DTensor over an unbacked sequence whose
+    global length need not be a multiple of the mesh size (global 30 on 4
+    ranks: local 8 on rank 0). Nothing the capture records may be false for
+    such a shard: no ShapeEnv replacement global = 4 * local, no runtime
+    assert Eq(4*u1, u2), no guard on it. Even and uneven shards are served by
+    one graph and give eager's gradient layout (symfix 0016). Fake process
+    group, world size 4.
+    """
+
+    world_size = 4
+
+    def setUp(self):
+        super().setUp()
+        torch._dynamo.reset()
+        dist.init_process_group(
+            "fake", store=FakeStore(), rank=0, world_size=self.world_size
+        )
+        self.mesh = init_device_mesh("cpu", (self.world_size,))
+
+    def tearDown(self):
+        dist.destroy_process_group()
+        torch._dynamo.reset()
+        super().tearDown()
+
+    def _seq_sharded(self, local, global_len):
+        rows = local.shape[0]
+        return _leaf_dtensor(
+            local, self.mesh, [Shard(1)], shape=(rows, global_len), stride=(global_len, 1)
+        )
+
+    def test_uneven_seq_shard_compiles_once(self):
+        # stock 2.13.0: data-dependent error on Eq(4*Max(1, u1), u0); 0007
+        # alone and 2.15.0: "Guard failed on the same frame it was created"
+        cnt = CompileCounterWithBackend("aot_eager")
+        fn = torch.compile(_sin_of_local, backend=cnt, fullgraph=True)
+        for local_len, global_len in _SEQ_SHARDS_4:
+            with self.subTest(local_len=local_len, global_len=global_len):
+                local = torch.randn(6, local_len)
+                x_eager = self._seq_sharded(local, global_len)
+                out_eager, grad_eager = _backward_capturing_grad(_sin_of_local, x_eager)
+                x = self._seq_sharded(local, global_len)
+                mark_unbacked(x, 1)
+                out, grad = _backward_capturing_grad(fn, x)
+                self.assertEqual(out, out_eager)
+                self.assertEqual(grad.placements, (Shard(1),))
+                self._check_grad_matches(grad, grad_eager)
+                # eager derives the gradient's global stride from the local
+                # gradient: 4 * 8 for global 30
+                self.assertEqual(grad.stride(), (4 * local_len, 1))
+        self.assertEqual(cnt.frame_count, 1)
+
+    def _check_grad_matches(self, compiled, eager):
+        self.assertEqual(compiled.shape, eager.shape)
+        self.assertEqual(compiled.stride(), eager.stride())
+        self.assertEqual(compiled.to_local(), eager.to_local())
+
+    def test_uneven_seq_shard_make_fx_asserts_hold(self):
+        # a graph trainer's capture: make_fx over fake inputs with an unbacked
+        # local and global sequence length, then the deferred runtime asserts
+        # inserted into the graph. Every assert and every replacement the
+        # ShapeEnv holds must be true for every valid shard.
+        from torch._dynamo.source import LocalSource
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.proxy_tensor import make_fx
+        from torch.fx.experimental.symbolic_shapes import (
+            DimDynamic,
+            ShapeEnv,
+            StatelessSymbolicContext,
+        )
+        from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+
+        mesh = self.mesh
+
+        def step(local, seq):
+            # seq carries the global sequence length as its size
+            global_len = seq.shape[0]
+            x = (
+                DTensor.from_local(
+                    local,
+                    mesh,
+                    [Shard(1)],
+                    run_check=False,
+                    shape=(local.shape[0], global_len),
+                    stride=(global_len, 1),
+                )
+                .detach()
+                .requires_grad_()
+            )
+            out = _sin_of_local(x)
+            (grad,) = torch.autograd.grad(out.sum(), x)
+            return [out, grad.to_local(), *grad.stride()]
+
+        def fakeify(fake_mode, t, name, dim):
+            ctx = StatelessSymbolicContext(
+                dynamic_sizes=[
+                    DimDynamic.UNBACKED if d == dim else DimDynamic.STATIC
+                    for d in range(t.dim())
+                ]
+            )
+            return fake_mode.from_tensor(
+                t, source=LocalSource(name, is_input=True), symbolic_context=ctx
+            )
+
+        shape_env = ShapeEnv()
+        fake_mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
+        fake_local = fakeify(fake_mode, torch.randn(6, 8), "local", 1)
+        fake_seq = fakeify(fake_mode, torch.empty(30), "seq", 0)
+        with fake_mode:
+            gm = make_fx(step)(fake_local, fake_seq)
+        insert_deferred_runtime_asserts(gm, shape_env, "to_local backward")
+        gm.recompile()
+
+        local_sym = fake_local.shape[1].node.expr
+        global_sym = fake_seq.shape[0].node.expr
+        facts = [
+            sympy.Eq(sym, expr) for sym, expr in shape_env.replacements.items()
+        ] + [
+            ra.expr
+            for ras in shape_env.deferred_runtime_asserts.values()
+            for ra in ras
+        ]
+        for local_len, global_len in _SEQ_SHARDS_4:
+            values = {local_sym: local_len, global_sym: global_len}
+            for fact in facts:
+                self.assertTrue(
+                    fact.xreplace(values), msg=f"{fact} is false for {values}"
+                )
+            local = torch.randn(6, local_len)
+            seq = torch.empty(global_len)
+            out, grad, *stride = gm(local, seq)
+            out_eager, grad_eager, *stride_eager = step(local, seq)
+            self.assertEqual(out, out_eager)
+            self.assertEqual(grad, grad_eager)
+            self.assertEqual(stride, stride_eager)
+            self.assertEqual(stride, [4 * local_len, 1])
+
+
+class TestDTensorFromLocalUnbacked(TestCase):
+    """
+    DTensor.from_local() of a local tensor with unbacked sizes, without
+    shape= and stride=: the global layout is derived from the local one
+    without comparing symbolic strides (compute_global_tensor_info guards on
+    u0 >= 1 or 1 >= u0 for a [B, S] tensor with stride (u0, 1)), under
+    torch.compile and under make_fx (symfix 0017). Fake process group, world
+    size 4.
+    """
+
+    world_size = 4
+
+    def setUp(self):
+        super().setUp()
+        torch._dynamo.reset()
+        dist.init_process_group(
+            "fake", store=FakeStore(), rank=0, world_size=self.world_size
+        )
+        self.mesh = init_device_mesh("cpu", (self.world_size,))
+
+    def tearDown(self):
+        dist.destroy_process_group()
+        torch._dynamo.reset()
+        super().tearDown()
+
+    def _step(self, placements):
+        mesh = self.mesh
+
+        def step(local):
+            x = DTensor.from_local(local, mesh, placements, run_check=False)
+            out = (x * 2 + 1).to_local().sin()
+            return out, x.shape, x.stride()
+
+        return step
+
+    def _check_compiled(self, placements, unbacked_dims, shapes):
+        step = self._step(placements)
+        cnt = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(step, backend=cnt, fullgraph=True)
+        for shape in shapes:
+            local = torch.randn(shape)
+            local_eager = local.clone().requires_grad_()
+            out_eager, shape_eager, stride_eager = step(local_eager)
+            out_eager.sum().backward()
+
+            local_c = local.clone().requires_grad_()
+            for d in unbacked_dims:
+                mark_unbacked(local_c, d)
+            out, global_shape, global_stride = compiled(local_c)
+            out.sum().backward()
+            self.assertEqual(out, out_eager)
+            self.assertEqual(tuple(global_shape), tuple(shape_eager))
+            self.assertEqual(tuple(global_stride), tuple(stride_eager))
+            self.assertEqual(local_c.grad, local_eager.grad)
+        self.assertEqual(cnt.frame_count, 1)
+
+    def test_shard0_unbacked_inner_dim(self):
+        # stock: data-dependent error on 1 >= u0 (stride (u0, 1))
+        self._check_compiled([Shard(0)], (1,), [(3, 5), (3, 7), (3, 6)])
+
+    def test_shard1_unbacked_batch_and_seq(self):
+        # stock: data-dependent error on u0 >= 1
+        self._check_compiled([Shard(1)], (0, 1), [(3, 5), (4, 7), (2, 6)])
+
+    def test_shard1_unbacked_batch_of_transposed_layout(self):
+        # a [S, B] local tensor sharded on B: stride (u0, 1) with B unbacked
+        self._check_compiled([Shard(1)], (1,), [(3, 5), (3, 7), (3, 2)])
+
+    def test_static_layouts_unchanged(self):
+        # static local layouts keep compute_global_tensor_info's answer, a
+        # size-1 dim's stride (scaled by its comparison) and a
+        # channels-last layout included, in eager and compiled
+        cases = [
+            ([Shard(0)], torch.randn(3, 1)),
+            ([Shard(1)], torch.randn(3, 5)),
+            ([Shard(1)], torch.randn(2, 3, 2, 2).to(memory_format=torch.channels_last)),
+        ]
+        for placements, local in cases:
+            step = self._step(placements)
+            want_shape, want_stride = compute_global_tensor_info(local, self.mesh, placements)
+            for compiled in (False, True):
+                with self.subTest(placements=placements, shape=local.shape, compiled=compiled):
+                    torch._dynamo.reset()
+                    fn = torch.compile(step, backend="aot_eager", fullgraph=True) if compiled else step
+                    _, global_shape, global_stride = fn(local)
+                    self.assertEqual(tuple(global_shape), tuple(want_shape))
+                    self.assertEqual(tuple(global_stride), tuple(want_stride))
+
+    def test_shard1_make_fx_unbacked_batch_and_seq(self):
+        # a graph trainer's capture: make_fx over a fake [B, S] input with
+        # both sizes unbacked, runtime asserts inserted, replayed on other sizes
+        from torch._dynamo.source import LocalSource
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.proxy_tensor import make_fx
+        from torch.fx.experimental.symbolic_shapes import (
+            DimDynamic,
+            ShapeEnv,
+            StatelessSymbolicContext,
+        )
+        from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+
+        step = self._step([Shard(1)])
+
+        def train_step(local):
+            out, global_shape, global_stride = step(local)
+            (grad,) = torch.autograd.grad(out.sum(), local)
+            return [out, grad, *global_shape, *global_stride]
+
+        shape_env = ShapeEnv()
+        fake_mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)
+        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.UNBACKED] * 2)
+        fake = fake_mode.from_tensor(
+            torch.randn(3, 5),
+            source=LocalSource("local", is_input=True),
+            symbolic_context=ctx,
+        ).requires_grad_()
+        with fake_mode:
+            gm = make_fx(train_step)(fake)
+        insert_deferred_runtime_asserts(gm, shape_env, "from_local")
+        gm.recompile()
+        for shape in [(3, 5), (4, 7), (2, 6)]:
+            local = torch.randn(shape, requires_grad=True)
+            self.assertEqual(gm(local), train_step(local))
+
+
+def _flatten_tokens(x):
+    # [B, S, D] sharded on S, flattened: _StridedShard(0, split_factor=B)
+    return (x * 2).flatten(0, 1)
+
+
+class TestDTensorStridedShardCompiledBoundary(TestCase):
+    """
+    A DTensor whose placement is a _StridedShard made by view propagation
+    (flattening a sequence-sharded [B, S, D] tensor) crossing the boundary of
+    a compiled graph, as its output or its input, with static shapes.
+    __tensor_unflatten__ rebuilt its spec with the shard_order of view
+    propagation but without use_strided_shard_as_shard_order=False: "ValueError:
+    DTensorSpec doesn't allow specify shard_order when
+    use_strided_shard_as_shard_order is True" (symfix 0018). Fake process
+    group, world size 2.
+    """
+
+    world_size = 2
+
+    def setUp(self):
+        super().setUp()
+        torch._dynamo.reset()
+        dist.init_process_group(
+            "fake", store=FakeStore(), rank=0, world_size=self.world_size
+        )
+        self.mesh = init_device_mesh("cpu", (self.world_size,))
+
+    def tearDown(self):
+        dist.destroy_process_group()
+        torch._dynamo.reset()
+        super().tearDown()
+
+    def _seq_sharded(self, requires_grad=False):
+        local = torch.randn(3, 4, 5)
+        x = DTensor.from_local(local, self.mesh, [Shard(1)], run_check=False)
+        return x.detach().requires_grad_(requires_grad)
+
+    def _check_same(self, out, ref):
+        self.assertIsInstance(out, DTensor)
+        self.assertEqual(out.placements, ref.placements)
+        self.assertEqual(
+            out._spec.use_strided_shard_as_shard_order,
+            ref._spec.use_strided_shard_as_shard_order,
+        )
+        self.assertEqual(out._spec.shard_order, ref._spec.shard_order)
+        self.assertEqual(out.shape, ref.shape)
+        self.assertEqual(out.stride(), ref.stride())
+        self.assertEqual(out.to_local(), ref.to_local())
+
+    def test_strided_shard_output(self):
+        x = self._seq_sharded()
+        ref = _flatten_tokens(x)
+        self.assertIsInstance(ref.placements[0], _StridedShard)
+        out = torch.compile(_flatten_tokens, backend="aot_eager", fullgraph=True)(x)
+        self._check_same(out, ref)
+
+    def test_strided_shard_input(self):
+        tokens = _flatten_tokens(self._seq_sharded())
+
+        def fn(t):
+            return t + 1
+
+        out = torch.compile(fn, backend="aot_eager", fullgraph=True)(tokens)
+        self._check_same(out, fn(tokens))
+
+    def test_strided_shard_input_and_output_backward(self):
+        # a _StridedShard leaf through a compiled graph and its backward
+        def fn(t):
+            return (t.sin() * 3).to_local().sum()
+
+        tokens = _flatten_tokens(self._seq_sharded()).detach().requires_grad_()
+        tokens_eager = tokens.detach().requires_grad_()
+        fn(tokens_eager).backward()
+        torch.compile(fn, backend="aot_eager", fullgraph=True)(tokens).backward()
+        self._check_same(tokens.grad, tokens_eager.grad)
+
+    def test_shard_order_spec_round_trip(self):
+        # guard: a plain Shard spec and a _StridedShard that encodes the shard
+        # order keep their flag and shard_order through flatten/unflatten
+        x = self._seq_sharded()
+        for spec in (
+            x._spec,
+            DTensorSpec(
+                self.mesh, (_StridedShard(0, split_factor=3),), tensor_meta=x._spec.tensor_meta
+            ),
+        ):
+            with self.subTest(placements=spec.placements):
+                t = DTensor(x._local_tensor, spec, requires_grad=False)
+                inner, ctx = t.__tensor_flatten__()
+                back = DTensor.__tensor_unflatten__(
+                    {a: getattr(t, a) for a in inner}, ctx, t.shape, t.stride()
+                )
+                self.assertEqual(back._spec, spec)
+                self.assertEqual(
+                    back._spec.use_strided_shard_as_shard_order,
+                    spec.use_strided_shard_as_shard_order,
+                )
+                self.assertEqual(back._spec.shard_order, spec.shard_order)
+
+
 def _partial_sum_step(x):
     # all-reduce in forward (Partial -> Replicate); both to_local() calls
     # take the default same-placement backward
@@ -321,56 +693,135 @@ def _gloo_rank_main(rank, world_size, init_file):
         dist.destroy_process_group()
 
 
+def _seq_sum_step(x):
+    # an all-reduce of per-row sums (Partial -> Replicate): the same shape on
+    # every rank however unevenly the sequence is sharded
+    local = x.to_local()
+    mesh = x.device_mesh
+    total = (
+        DTensor.from_local(
+            local.sin().sum(1, keepdim=True), mesh, [Partial()], run_check=False
+        )
+        .redistribute(mesh, [Replicate()])
+        .to_local()
+    )
+    return total * local
+
+
+def _gloo_uneven_rank_main(rank, world_size, init_file):
+    # one rank of TestDTensorToLocalBackwardUnevenShardGloo: a Shard(1)
+    # DTensor over an unbacked sequence of odd and even global lengths,
+    # compiled once, against eager with real collectives
+    from torch.testing import assert_close
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size
+    )
+    try:
+        mesh = init_device_mesh("cpu", (world_size,))
+        cnt = CompileCounterWithBackend("aot_eager")
+        fn = torch.compile(_seq_sum_step, backend=cnt, fullgraph=True)
+        for global_len in (7, 8, 5, 10):
+            chunk = -(-global_len // world_size)
+            local_len = min(chunk, global_len - rank * chunk)
+            torch.manual_seed(rank * 100 + global_len)
+            local = torch.randn(3, local_len)
+
+            global_layout = {"shape": (3, global_len), "stride": (global_len, 1)}
+            x_eager = _leaf_dtensor(local, mesh, [Shard(1)], **global_layout)
+            out_eager, grad_eager = _backward_capturing_grad(_seq_sum_step, x_eager)
+            x = _leaf_dtensor(local, mesh, [Shard(1)], **global_layout)
+            mark_unbacked(x, 1)
+            out, grad = _backward_capturing_grad(fn, x)
+
+            assert_close(out, out_eager)
+            assert grad.placements == (Shard(1),), grad.placements
+            assert grad.shape == grad_eager.shape, (grad.shape, grad_eager.shape)
+            assert grad.stride() == grad_eager.stride(), (
+                global_len,
+                grad.stride(),
+                grad_eager.stride(),
+            )
+            assert_close(grad.to_local(), grad_eager.to_local())
+            assert_close(x.grad.to_local(), x_eager.grad.to_local())
+        assert cnt.frame_count == 1, cnt.frame_count
+    finally:
+        dist.destroy_process_group()
+
+
+_GLOO_RANK_MAINS = {
+    "partial_sum": _gloo_rank_main,
+    "uneven_seq_shard": _gloo_uneven_rank_main,
+}
+
+
+def _run_gloo_ranks(test, main, world_size):
+    # run _GLOO_RANK_MAINS[main] on world_size gloo ranks, each a fresh
+    # interpreter running this file (independent of how the test runner
+    # imported it), and fail the test with the output of a failed rank
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "store")
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    _GLOO_RANK_FLAG,
+                    main,
+                    str(rank),
+                    str(world_size),
+                    init_file,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=env,
+                text=True,
+            )
+            for rank in range(world_size)
+        ]
+        outputs = []
+        try:
+            for proc in procs:
+                outputs.append(proc.communicate(timeout=300)[0])
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    for rank, (proc, output) in enumerate(zip(procs, outputs)):
+        test.assertEqual(proc.returncode, 0, msg=f"rank {rank} failed:\n{output[-6000:]}")
+
+
 class TestDTensorToLocalBackwardSymbolicGloo(TestCase):
     """
     The same backward with real collectives: 2 gloo ranks, compiled with
-    unbacked local dims, gradients compared with eager. Each rank is a fresh
-    interpreter running this file (independent of how the test runner
-    imported it).
+    unbacked local dims, gradients compared with eager.
     """
 
     world_size = 2
 
     def test_to_local_backward_unbacked_matches_eager(self):
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        with tempfile.TemporaryDirectory() as tmp:
-            init_file = os.path.join(tmp, "store")
-            procs = [
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        os.path.abspath(__file__),
-                        _GLOO_RANK_FLAG,
-                        str(rank),
-                        str(self.world_size),
-                        init_file,
-                    ],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    text=True,
-                )
-                for rank in range(self.world_size)
-            ]
-            outputs = []
-            try:
-                for proc in procs:
-                    outputs.append(proc.communicate(timeout=300)[0])
-            finally:
-                for proc in procs:
-                    if proc.poll() is None:
-                        proc.kill()
-                        proc.wait()
-        for rank, (proc, output) in enumerate(zip(procs, outputs)):
-            self.assertEqual(
-                proc.returncode, 0, msg=f"rank {rank} failed:\n{output[-6000:]}"
-            )
+        _run_gloo_ranks(self, "partial_sum", self.world_size)
+
+
+class TestDTensorToLocalBackwardUnevenShardGloo(TestCase):
+    """
+    An uneven Shard(1) over an unbacked sequence with real collectives: 2 gloo
+    ranks (global 7: local 4 and 3), odd and even global lengths served by one
+    graph, gradients and their layout compared with eager (symfix 0016).
+    """
+
+    world_size = 2
+
+    def test_uneven_seq_shard_matches_eager(self):
+        _run_gloo_ranks(self, "uneven_seq_shard", self.world_size)
 
 
 _GLOO_RANK_FLAG = "--gloo-rank"
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == _GLOO_RANK_FLAG:
-        _gloo_rank_main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    if len(sys.argv) == 6 and sys.argv[1] == _GLOO_RANK_FLAG:
+        _GLOO_RANK_MAINS[sys.argv[2]](int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
     else:
         run_tests()
