@@ -150,7 +150,10 @@ def load(root: Path = ROOT, tag: str = DEFAULT_BASE) -> Series:
     if not (pdir / "manifest.toml").is_file():
         raise SeriesError(f"no series for base {tag} (patches/{tag}/manifest.toml); "
                           f"carried: {', '.join(bases(root))}")
-    manifest = tomllib.loads((pdir / "manifest.toml").read_text())
+    try:
+        manifest = tomllib.loads((pdir / "manifest.toml").read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise SeriesError(f"patches/{tag}/manifest.toml: {e}") from None
     fixes = []
     for row in manifest["fix"]:
         row = {k: tuple(v) if isinstance(v, list) else v for k, v in row.items()}
