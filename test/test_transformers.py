@@ -4,17 +4,16 @@ import threading
 import torch
 import torch._dynamo
 import torch.nn.functional as F
+from torch._dispatch.python import enable_python_dispatcher
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.decorators import mark_unbacked
 from torch._dynamo.source import ConstantSource, LocalSource
-from torch._guards import tracing, TracingContext
-from torch._dispatch.python import enable_python_dispatcher
 from torch._dynamo.testing import CompileCounterWithBackend
+from torch._guards import tracing, TracingContext
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import (
     DimDynamic,
-    GuardOnDataDependentSymNode,
     ShapeEnv,
     StatelessSymbolicContext,
 )

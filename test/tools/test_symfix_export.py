@@ -132,7 +132,10 @@ Behaviour kept (pass before and after):
 class TestRebaseOnto(TestCase):
     def test_verdicts_on_own_base_and_changed_files(self):
         base = basewheel.fetch(SERIES.base["requirement"], ROOT / ".symfix" / "cache" / "base")
-        self.assertEqual(set(export.rebase_check(SERIES, base).values()), {"applies"})
+        verdicts = export.rebase_check(SERIES, base)
+        self.assertEqual({verdicts[p.name] for p in SERIES.wheel_patches}, {"applies"})
+        self.assertEqual({verdicts[p.name] for p in SERIES.patches if not p.wheel},
+                         {"source only (not in these Python files)"})
         tmp = Path(tempfile.mkdtemp(prefix="symfix-rebase-"))
         self.addCleanup(shutil.rmtree, tmp)
         src = make_checkout(tmp / "pytorch")
