@@ -1,20 +1,24 @@
 # Owner(s): ["module: sdpa"]
+import threading
+
 import torch
 import torch._dynamo
 import torch.nn.functional as F
+from torch._dispatch.python import enable_python_dispatcher
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.decorators import mark_unbacked
-from torch._dynamo.source import ConstantSource
+from torch._dynamo.source import ConstantSource, LocalSource
 from torch._dynamo.testing import CompileCounterWithBackend
+from torch._guards import tracing, TracingContext
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import (
     DimDynamic,
-    GuardOnDataDependentSymNode,
     ShapeEnv,
     StatelessSymbolicContext,
 )
 from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
 
@@ -25,6 +29,24 @@ def _attend(q, k, v):
 
 def _attend_masked(q, k, v, mask):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+FUSED_CPU = aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+class _OpLog(TorchDispatchMode):
+    """Records the aten ops a call decomposes into (prim.device aside)."""
+
+    def __init__(self, on_op=None):
+        super().__init__()
+        self.ops, self.on_op = [], on_op
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "aten":
+            self.ops.append(func)
+        if self.on_op is not None:
+            self.on_op(func)
+        return func(*args, **(kwargs or {}))
 
 
 class TestSDPAUnbackedSeqLenCPU(TestCase):
@@ -142,23 +164,126 @@ class TestSDPAUnbackedSeqLenCPU(TestCase):
             1,
         )
 
-    def test_plain_fake_mode_choice_is_still_cpp(self):
-        # Documents what is left: without the Python dispatcher (a plain
-        # FakeTensorMode) the choice runs entirely in the C++ composite
-        # (select_sdp_backend_cpp -> check_nonzero_sequence_lengths_dense,
-        # `sym_size(-2) == 0` read as a bool), which Python cannot reach
-        # without a C++ rebuild.
-        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
-        q = fake_mode.from_tensor(
-            torch.randn(2, 3, 8, 16),
-            symbolic_context=StatelessSymbolicContext(
-                dynamic_sizes=[DimDynamic.STATIC] * 2
-                + [DimDynamic.UNBACKED, DimDynamic.STATIC]
-            ),
-            source=ConstantSource("q"),
+    # A plain FakeTensorMode, without make_fx or the Python dispatcher: the
+    # choice is made where the composite starts, before any op reaches the
+    # mode.
+
+    @staticmethod
+    def _fake_qkv(fake_mode, seq_len, min):
+        q = torch.randn(2, 3, seq_len, 16)
+        mark_unbacked(q, 2, min=min)
+        ctx = StatelessSymbolicContext(
+            dynamic_sizes=[DimDynamic.STATIC] * 2
+            + [DimDynamic.UNBACKED, DimDynamic.STATIC],
+            unbacked_bounds=q._dynamo_unbacked_bounds,
         )
-        with fake_mode, self.assertRaises(GuardOnDataDependentSymNode):
+        return fake_mode.from_tensor(
+            q, symbolic_context=ctx, source=ConstantSource("q")
+        )
+
+    def test_plain_fake_mode_takes_math_backend(self):
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        q = self._fake_qkv(fake_mode, 8, min=0)
+        with fake_mode, _OpLog() as log:
+            out = _attend(q, q, q)
+        self.assertEqual(out.shape[2], q.shape[2])
+        self.assertNotIn(FUSED_CPU, log.ops)
+        self.assertIn(aten.bmm.default, log.ops)
+
+    def test_plain_fake_mode_nonzero_seq_len_keeps_fused_cpu_backend(self):
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        q = self._fake_qkv(fake_mode, 8, min=1)
+        with fake_mode, _OpLog() as log:
             _attend(q, q, q)
+        self.assertEqual(log.ops, [FUSED_CPU])
+
+    def test_choice_changes_no_global_state_while_tracing(self):
+        # While this thread is inside a traced SDPA call that takes the math
+        # backend (under the Python dispatcher, as Dynamo and make_fx symbolic
+        # trace), another thread still sees the fused CPU backend enabled and
+        # still gets it for an eager call.
+        seen = []
+
+        def other_thread():
+            qkv = self._qkv(4)
+            with _OpLog() as log:
+                _attend(*qkv)
+            seen.append((torch._C._get_flash_sdp_enabled(), log.ops))
+
+        def on_op(func):
+            if not seen:
+                t = threading.Thread(target=other_thread)
+                t.start()
+                t.join()
+
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        q = self._fake_qkv(fake_mode, 8, min=0)
+        with fake_mode, enable_python_dispatcher(), _OpLog(on_op) as log:
+            _attend(q, q, q)
+        self.assertNotIn(FUSED_CPU, log.ops)
+        self.assertEqual(seen, [(True, [FUSED_CPU])])
+
+
+class TestSDPAGraphTrainerCapture(TestCase):
+    """SDPA in a step captured the way TorchTitan's graph_trainer captures:
+    make_fx in its default mode (no Python dispatcher) over fake inputs whose
+    sequence length is unbacked with mark_unbacked(..., hint_override=...),
+    under FakeTensorMode, a TracingContext and non-strict tracing. The
+    captured forward and backward must run every length, 0 included."""
+
+    HINT = 8
+
+    @staticmethod
+    def _step(q, k, v, causal_mask):
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        if causal_mask:
+            s = q.size(2)
+            mask = torch.ones(s, s, dtype=torch.bool).tril()
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v)
+        loss = (out * out).sum()
+        return [loss, *torch.autograd.grad(loss, (q, k, v))]
+
+    def _capture(self, causal_mask):
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        fake = []
+        for i in range(3):
+            t = torch.randn(2, 3, self.HINT, 16)
+            mark_unbacked(t, 2, hint_override=self.HINT, min=0)
+            ctx = StatelessSymbolicContext(
+                dynamic_sizes=[DimDynamic.STATIC] * 2
+                + [DimDynamic.UNBACKED, DimDynamic.STATIC],
+                unbacked_bounds=t._dynamo_unbacked_bounds,
+            )
+            fake.append(
+                fake_mode.from_tensor(
+                    t, source=LocalSource(f"qkv{i}", is_input=True), symbolic_context=ctx
+                )
+            )
+
+        def step(q, k, v):
+            return self._step(q, k, v, causal_mask)
+
+        with (
+            fake_mode,
+            tracing(TracingContext(fake_mode)),
+            torch.compiler._non_strict_tracing_context(),
+        ):
+            return make_fx(step)(*fake)
+
+    def _check_runs_every_length(self, causal_mask):
+        gm = self._capture(causal_mask)
+        self.assertEqual(len(gm.graph.find_nodes(op="call_function", target=FUSED_CPU)), 0)
+        for seq_len in (0, 1, 5, self.HINT):
+            qkv = [torch.randn(2, 3, seq_len, 16) for _ in range(3)]
+            self.assertEqual(gm(*qkv), self._step(*qkv, causal_mask))
+
+    def test_unbacked_seq_len_min_zero(self):
+        self._check_runs_every_length(causal_mask=False)
+
+    def test_unbacked_seq_len_min_zero_with_mask(self):
+        self._check_runs_every_length(causal_mask=True)
 
 
 if __name__ == "__main__":

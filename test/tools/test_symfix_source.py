@@ -54,13 +54,31 @@ def git(src, *args):
     return checkout.git(Path(src), *args).stdout.strip()
 
 
+PACKAGING_GUARD = "#if !defined(TORCH_STABLE_ONLY) && !defined(TORCH_TARGET_VERSION)\n"
+PACKAGING_ELSE = (
+    '\n#else\n#error "This file should not be included when either TORCH_STABLE_ONLY or '
+    'TORCH_TARGET_VERSION is defined."\n#endif  // !defined(TORCH_STABLE_ONLY) && '
+    "!defined(TORCH_TARGET_VERSION)\n"
+)
+
+
+def source_file(zf: zipfile.ZipFile, path: str) -> bytes:
+    """v2.13.0's file at source ``path``, from the wheel: a Python file as it is, an ATen header
+    from torch/include/ without the TORCH_STABLE_ONLY guard the packaging wraps it in."""
+    if path.startswith("torch/"):
+        return zf.read(path)
+    text = zf.read("torch/include/" + path.removeprefix("aten/src/")).decode()
+    assert text.startswith(PACKAGING_GUARD) and text.endswith(PACKAGING_ELSE), path
+    return text[len(PACKAGING_GUARD) : -len(PACKAGING_ELSE)].encode()
+
+
 def make_checkout(dest: Path, change=None) -> Path:
     """A git repo at a commit holding v2.13.0's copies of the files the series touches."""
     dest.mkdir(parents=True)
     with zipfile.ZipFile(real_base_wheel()) as zf:
-        for path in [*SERIES.touched_files(), "torch/version.py"]:
+        for path in [*SERIES.touched_files(source=True), "torch/version.py"]:
             (dest / path).parent.mkdir(parents=True, exist_ok=True)
-            (dest / path).write_bytes(zf.read(path))
+            (dest / path).write_bytes(source_file(zf, path))
     if change:
         change(dest)
     (dest / "backend.py").write_text(BACKEND)

@@ -58,10 +58,12 @@ def read_provenance(wheel: Path) -> dict | None:
             for node in ast.parse(text).body if isinstance(node, ast.Assign)}
 
 
-def provenance_module(series: Series, base: dict, version: str, key: str) -> bytes:
-    """torch/_symfix.py: what this build was made from (``base``) and the patches applied."""
+def provenance_module(series: Series, base: dict, version: str, key: str,
+                      applied: list[Patch] | None = None) -> bytes:
+    """torch/_symfix.py: what this build was made from (``base``) and the patches applied
+    (``applied``; by default those of the wheel build)."""
     patches = []
-    for p in series.patches:
+    for p in series.wheel_patches if applied is None else applied:
         fix = series.fix_for(p)
         patches.append({
             "id": fix.id, "patch": p.name, "sha256": p.sha256, "subject": p.subject,
@@ -117,18 +119,19 @@ def git_apply(patch: Patch, tree: Path, *options: str) -> str | None:
 
 
 def apply_series(series: Series, files: dict[str, bytes], say=print) -> dict[str, bytes | None]:
-    """Apply every patch to ``files`` (path -> bytes).
+    """Apply every patch of the wheel build to ``files`` (path -> bytes); ``say`` hears of
+    each patch, applied or (not ``patch.wheel``: source builds only) skipped.
 
     Returns the files after the series; None for a file the series deletes.
     """
     with tempfile.TemporaryDirectory(prefix="symfix-apply-") as tmp:
         write_tree(Path(tmp), files)
         for patch in series.patches:
-            if failed := git_apply(patch, Path(tmp)):
+            if patch.wheel and (failed := git_apply(patch, Path(tmp))):
                 raise PatchFailed(f"patch {patch.name} does not apply: {failed}")
             say(patch)
         return {path: Path(tmp, path).read_bytes() if Path(tmp, path).exists() else None
-                for path in {c.path for p in series.patches for c in p.changes}}
+                for path in {c.path for p in series.wheel_patches for c in p.changes}}
 
 
 def build(series: Series, base: BaseWheel, dist: Path, say=print) -> tuple[Path, bool]:

@@ -46,7 +46,7 @@ def verify(src: Path, series: Series, at: str = "HEAD") -> str:
                           f"(git submodule update --init --recursive)")
     if head == series.base["commit"]:
         return f"at {series.base['tag']} ({head[:8]})"
-    for path, blob in series.touched_files().items():
+    for path, blob in series.touched_files(source=True).items():
         have = git(src, "rev-parse", "-q", "--verify", f"{head}:{path}", check=False).stdout.strip()
         if have != blob and not (set(blob) == {"0"} and not have):
             raise Refused(f"{what}: {at} {head[:8]} is not {series.base['tag']} "

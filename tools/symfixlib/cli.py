@@ -91,8 +91,8 @@ def build_wheel(s: series.Series, base: basewheel.BaseWheel, dist: Path) -> Path
 
     def applied(patch):
         fix = s.fix_for(patch)
-        print(f"        {patch.name[:4]} {fix.id:<28} "
-              f"{', '.join(c.path for c in patch.changes)}", flush=True)
+        print(f"        {patch.name[:4]} {fix.id:<28} {', '.join(c.path for c in patch.changes)}"
+              + ("" if patch.wheel else "  skipped: source builds only"), flush=True)
 
     out, reused = build.build(s, base, dist, say=applied)
     if reused:
@@ -244,8 +244,8 @@ def cmd_worktree(args) -> int:
     git("commit", "-q", "-m", f"PyTorch {s.base['tag']} Python files (from {base.path.name})",
         "-m", f"git_version {s.base['commit']}")
     git("tag", s.base["tag"])
-    git("am", "-q", "--keep-cr", "--keep-non-patch", *[str(p.path) for p in s.patches])
-    step.done(f"{dest}: {s.base['tag']} + {len(s.patches)} commits")
+    git("am", "-q", "--keep-cr", "--keep-non-patch", *[str(p.path) for p in s.wheel_patches])
+    step.done(f"{dest}: {s.base['tag']} + {len(s.wheel_patches)} commits")
     return 0
 
 
@@ -416,13 +416,16 @@ def cmd_bench(args) -> int:
 
 
 def series_table(s: series.Series) -> str:
-    rows = ["| fix | upstream | fixes | component | status | patch |", "|---|---|---|---|---|---|"]
+    rows = ["| fix | upstream | fixes | component | status | patch | carried by |",
+            "|---|---|---|---|---|---|---|"]
+    wheel = {p.name: p.wheel for p in s.patches}
     for f in s.fixes:
         prs = ", ".join(f"[#{n}](https://github.com/pytorch/pytorch/pull/{n})" for n in f.upstream)
         bugs = ", ".join(f"#{b}" if isinstance(b, int) else str(b) for b in f.fixes)
         patch = f"`{f.patch}`" if f.patch else "–"
+        carried = "–" if not f.patch else "wheel, source" if wheel[f.patch] else "source"
         rows.append(f"| {f.title} | {prs or '–'} | {bugs or '–'} | {f.component} | {f.status} "
-                    f"| {patch} |")
+                    f"| {patch} | {carried} |")
     return "\n".join(rows)
 
 

@@ -317,7 +317,7 @@ def rebase_check(series: Series, target: Path) -> dict[str, str]:
     ``applies`` or ``conflicts: <hunk>``; each patch is checked on its own against the target's
     files, as a cherry-pick onto that base would be.
     """
-    paths = {c.path for p in series.patches for c in p.changes}
+    paths = {c.path for p in series.wheel_patches for c in p.changes}
     if target.is_file():
         with zipfile.ZipFile(target) as zf:
             files = {path: zf.read(path) for path in paths & set(zf.namelist())}
@@ -328,6 +328,7 @@ def rebase_check(series: Series, target: Path) -> dict[str, str]:
         write_tree(Path(tmp), files)
         verdicts = {}
         for patch in series.patches:
-            failed = git_apply(patch, Path(tmp), "--check")
-            verdicts[patch.name] = f"conflicts: {failed}" if failed else "applies"
+            failed = patch.wheel and git_apply(patch, Path(tmp), "--check")
+            verdicts[patch.name] = ("source only (not in these Python files)" if not patch.wheel
+                                    else f"conflicts: {failed}" if failed else "applies")
         return verdicts

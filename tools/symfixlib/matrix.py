@@ -140,10 +140,14 @@ def table(series: Series, results: dict[str, dict[str, str] | str]) -> tuple[str
     roles = list(results)
     rows = [["fix", "status", *roles]]
     problems: list[str] = []
+    source_only = {p.name for p in series.patches if not p.wheel}
     for fix in series.rows:
         row = [fix.id, fix.status]
         for role in roles:
             got = results[role]
+            if fix.patch in source_only:  # not in a wheel; its tests are under test/tools/
+                row.append("source")
+                continue
             if isinstance(got, str):
                 row.append("skipped")
                 continue

@@ -38,6 +38,12 @@ class Patch:
     changes: tuple[FileChange, ...]
 
     @property
+    def wheel(self) -> bool:
+        """The wheel build carries it: every file it changes is a Python file under torch/, as
+        the wheel ships it. A patch to anything else (ATen, c10 sources) is for source builds."""
+        return all(is_wheel_path(c.path) for c in self.changes)
+
+    @property
     def origin_pr(self) -> int | None:
         m = re.search(r"/pull/(\d+)", self.trailers.get("Origin", ""))
         return int(m.group(1)) if m else None
@@ -87,13 +93,26 @@ class Series:
         """Local version label of a build, e.g. ``symfix1``."""
         return f"{self.base['label']}{len(self.patches)}"
 
-    def touched_files(self) -> dict[str, str]:
-        """Each file the series touches -> its blob id in the base (its first patch's pre-image)."""
+    @property
+    def wheel_patches(self) -> list[Patch]:
+        """The patches the wheel build applies (source builds apply every patch)."""
+        return [p for p in self.patches if p.wheel]
+
+    def touched_files(self, source: bool = False) -> dict[str, str]:
+        """Each file the series touches -> its blob id in the base (its first patch's pre-image).
+
+        The wheel build's files; with ``source``, those of every patch (a PyTorch checkout).
+        """
         first: dict[str, str] = {}
-        for p in self.patches:
+        for p in self.patches if source else self.wheel_patches:
             for c in p.changes:
                 first.setdefault(c.path, c.pre_blob)
         return first
+
+
+def is_wheel_path(path: str) -> bool:
+    """A source path the wheel ships as it is: a Python file under torch/."""
+    return path.startswith("torch/") and path.endswith(".py")
 
 
 def control_path(fix_id: str) -> str:
@@ -133,6 +152,9 @@ def read_patch(path: Path) -> Patch:
         changes.append(FileChange(pf.path, m.group(1), m.group(2), hunks))
     if not changes:
         raise SeriesError(f"{path.name}: holds no diff")
+    if len({is_wheel_path(c.path) for c in changes}) > 1:
+        raise SeriesError(f"{path.name}: mixes Python files under torch/ with other sources; "
+                          "split it (the wheel build carries only the first kind)")
     return Patch(path.name, path, hashlib.sha256(raw).hexdigest(), subject, trailers,
                  tuple(changes))
 

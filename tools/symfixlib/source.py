@@ -77,7 +77,7 @@ def build_wheel(src: Path, series: Series, python: str, out: Path, head: str, sa
                                                           for p in series.patches]})
     prov.write_bytes(build.provenance_module(
         series, {"version": series.base["version"], "source": head}, env["PYTORCH_BUILD_VERSION"],
-        key))
+        key, series.patches))
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".source-build-", dir=out))
     try:
