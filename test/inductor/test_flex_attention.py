@@ -502,7 +502,8 @@ class TestFlexAttentionDecodeBlockMaskInTracedStep(TestCase):
     SHAPES = ((1, 1000), (16, 4096), (5, 2049), (1, 1), (16, 16))
 
     # Proof tests: stock 2.13.0 and 2.15.0 fail in the in-graph padding
-    # (constant_pad_nd on unbacked sizes) and in the q-block transpose.
+    # (constant_pad_nd on unbacked sizes); under Dynamo also in the q-block
+    # transpose of an unbacked number of kv blocks (Ne(u0, 0)).
 
     def test_decode_block_mask_built_in_traced_step(self):
         def step(lens):
@@ -521,6 +522,29 @@ class TestFlexAttentionDecodeBlockMaskInTracedStep(TestCase):
             self.assertEqual(idx[..., :n], ref[1][..., :n])
             qn = int(q_num.max())
             self.assertEqual(q_idx[..., :qn], ref[3][..., :qn])
+
+    def test_decode_q_blocks_from_unbacked_kv_blocks_compiled(self):
+        # One q block row (Q <= 128) against an unbacked number of kv blocks
+        # (KV of 1024..4096 tokens); the kv blocks per head differ.
+        def fn(kv_num_blocks, kv_indices):
+            bm = BlockMask.from_kv_blocks(kv_num_blocks, kv_indices)
+            return bm.q_num_blocks, bm.q_indices
+
+        counter = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(fn, backend=counter, fullgraph=True)
+        for cols in (8, 19, 32):
+            num = torch.tensor([cols, cols // 2, 1], dtype=torch.int32).view(1, 3, 1)
+            idx = torch.stack(
+                [torch.randperm(cols, dtype=torch.int32) for _ in range(3)]
+            ).view(1, 3, 1, cols)
+            idx_c = idx.clone()
+            mark_unbacked(idx_c, 3)
+            q_num, q_idx = compiled(num, idx_c)
+            ref_num, ref_idx = fn(num, idx)
+            self.assertEqual(q_num, ref_num)
+            self.assertEqual(q_num.shape, (1, 3, cols))
+            self.assertEqual(q_idx, ref_idx)
+        self.assertEqual(counter.frame_count, 1)
 
     def test_decode_attend_in_traced_step(self):
         def step(lens, q_src, kv_src):
