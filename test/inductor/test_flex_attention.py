@@ -624,5 +624,117 @@ class TestFlexAttentionCompiledCausalBlockMask(TestCase):
         self.assertEqual(counter.frame_count, 1)
 
 
+class TestFlexAttentionDecodeBlockMaskInTracedStep(TestCase):
+    """Decoding shapes under graph-trainer capture: a few query tokens (1..16)
+    attend to a KV cache whose length is unbacked and in the thousands, with
+    the BlockMask built inside the step (create_block_mask pads the dense
+    mask, then transposes the kv blocks into q blocks)."""
+
+    MAX_Q = 16
+    MAX_KV = 4096
+
+    def _lengths(self, lens):
+        q_len, kv_len = lens[0].item(), lens[1].item()
+        torch._check(q_len >= 1)
+        torch._check(q_len <= self.MAX_Q)
+        torch._check(kv_len >= q_len)
+        torch._check(kv_len <= self.MAX_KV)
+        return q_len, kv_len
+
+    def _block_mask(self, q_len, kv_len):
+        # Query i sits at position kv_len - q_len + i of the sequence.
+        offset = kv_len - q_len
+
+        def decode_causal(b, h, q_idx, kv_idx):
+            return kv_idx <= q_idx + offset
+
+        return create_block_mask(decode_causal, None, None, q_len, kv_len, device="cpu")
+
+    def _trace(self, step, *real_args):
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        args = [fake_mode.from_tensor(a) for a in real_args]
+        with (
+            torch._dynamo.config.patch(force_compile_during_fx_trace=True),
+            torch.compiler._non_strict_tracing_context(),
+            fake_mode,
+        ):
+            return make_fx(step, tracing_mode="real", _disable_torch_fn_metadata_mode=True)(
+                *args
+            )
+
+    SHAPES = ((1, 1000), (16, 4096), (5, 2049), (1, 1), (16, 16))
+
+    # Proof tests: stock 2.13.0 and 2.15.0 fail in the in-graph padding
+    # (constant_pad_nd on unbacked sizes); under Dynamo also in the q-block
+    # transpose of an unbacked number of kv blocks (Ne(u0, 0)).
+
+    def test_decode_block_mask_built_in_traced_step(self):
+        def step(lens):
+            bm = self._block_mask(*self._lengths(lens))
+            return bm.kv_num_blocks, bm.kv_indices, bm.q_num_blocks, bm.q_indices
+
+        gm = self._trace(step, torch.tensor([4, 2000]))
+        for q_len, kv_len in self.SHAPES:
+            lens = torch.tensor([q_len, kv_len])
+            num, idx, q_num, q_idx = gm(lens)
+            ref = step(lens)
+            self.assertEqual(num, ref[0])
+            self.assertEqual(q_num, ref[2])
+            # Only the first num entries of each row are meaningful.
+            n = int(num.max())
+            self.assertEqual(idx[..., :n], ref[1][..., :n])
+            qn = int(q_num.max())
+            self.assertEqual(q_idx[..., :qn], ref[3][..., :qn])
+
+    def test_decode_q_blocks_from_unbacked_kv_blocks_compiled(self):
+        # One q block row (Q <= 128) against an unbacked number of kv blocks
+        # (KV of 1024..4096 tokens); the kv blocks per head differ.
+        def fn(kv_num_blocks, kv_indices):
+            bm = BlockMask.from_kv_blocks(kv_num_blocks, kv_indices)
+            return bm.q_num_blocks, bm.q_indices
+
+        counter = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(fn, backend=counter, fullgraph=True)
+        for cols in (8, 19, 32):
+            num = torch.tensor([cols, cols // 2, 1], dtype=torch.int32).view(1, 3, 1)
+            idx = torch.stack(
+                [torch.randperm(cols, dtype=torch.int32) for _ in range(3)]
+            ).view(1, 3, 1, cols)
+            idx_c = idx.clone()
+            mark_unbacked(idx_c, 3)
+            q_num, q_idx = compiled(num, idx_c)
+            ref_num, ref_idx = fn(num, idx)
+            self.assertEqual(q_num, ref_num)
+            self.assertEqual(q_num.shape, (1, 3, cols))
+            self.assertEqual(q_idx, ref_idx)
+        self.assertEqual(counter.frame_count, 1)
+
+    def test_decode_attend_in_traced_step(self):
+        def step(lens, q_src, kv_src):
+            q_len, kv_len = self._lengths(lens)
+            bm = self._block_mask(q_len, kv_len)
+            q = q_src[:q_len].view(1, 1, q_len, 8)
+            k = kv_src[:kv_len].view(1, 1, kv_len, 8)
+            return flex_attention(q, k, k * 2, block_mask=bm)
+
+        q_src = torch.randn(self.MAX_Q, 8)
+        kv_src = torch.randn(self.MAX_KV, 8)
+        gm = self._trace(step, torch.tensor([4, 2000]), q_src, kv_src)
+        self.assertEqual(
+            len(gm.graph.find_nodes(op="call_function", target=flex_attention_hop)), 1
+        )
+        for q_len, kv_len in self.SHAPES:
+            lens = torch.tensor([q_len, kv_len])
+            out = gm(lens, q_src, kv_src)
+            self.assertEqual(out.shape, (1, 1, q_len, 8))
+            self.assertEqual(out, step(lens, q_src, kv_src))
+            # The last query sees the whole cache: plain attention over it.
+            q = q_src[q_len - 1 : q_len].view(1, 1, 1, 8)
+            k = kv_src[:kv_len].view(1, 1, kv_len, 8)
+            self.assertEqual(
+                out[:, :, -1:], F.scaled_dot_product_attention(q, k, k * 2)
+            )
+
+
 if __name__ == "__main__":
     run_tests()

@@ -62,6 +62,7 @@ class Fix:
     proof: tuple[str, ...] = ()
     guard: tuple[str, ...] = ()
     control: str | None = None
+    released: str | None = None  # the first torch release that has the fix
     needs: tuple[str, ...] = ()  # acceptance: the fixes the workload depends on
     beyond_upstream: bool = False  # acceptance: needs fixes of our own, so upstream fails it
     note: str = ""
