@@ -10,7 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .series import Fix, ROOT, Series
+from packaging.version import Version
+
+from .series import bases, Fix, ROOT, Series
 
 PASS, FAIL = "passed", "failed"
 LOGS = ROOT / ".symfix" / "logs"
@@ -86,8 +88,12 @@ def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, s
     return results, suite
 
 
-def expected(fix: Fix, kind: str, role: str) -> str:
-    """What a test of ``kind`` (proof, guard) of ``fix`` must do in environment ``role``."""
+def expected(fix: Fix, kind: str, role: str, upstream: str | None = None) -> str:
+    """What a test of ``kind`` (proof, guard) of ``fix`` must do in environment ``role``.
+
+    ``upstream``: the oracle's version; it has a fix from the release the manifest records
+    (``released``) on.
+    """
     if kind == "guard":
         return PASS
     if role == "control":  # stock with the in-base fix taken out again
@@ -97,7 +103,10 @@ def expected(fix: Fix, kind: str, role: str) -> str:
     if role == "patched":
         return PASS
     if role == "upstream":
-        return FAIL if fix.status == "original" or fix.beyond_upstream else PASS
+        if fix.status == "acceptance":
+            return FAIL if fix.beyond_upstream else PASS
+        has = fix.released and upstream and Version(fix.released) <= Version(upstream)
+        return PASS if has else FAIL
     return FAIL  # stock lacks every fix the series carries
 
 
@@ -107,7 +116,7 @@ class Cell:
     problems: list[str]
 
 
-def judge(fix: Fix, role: str, outcomes: dict[str, str]) -> Cell:
+def judge(fix: Fix, role: str, outcomes: dict[str, str], upstream: str | None = None) -> Cell:
     if not fix.tests and fix.status in ("in-base", "pending"):
         return Cell("–", [])  # nothing carried, no tests yet
     if role == "control" and fix.status != "in-base":
@@ -115,7 +124,7 @@ def judge(fix: Fix, role: str, outcomes: dict[str, str]) -> Cell:
     problems = []
     for kind, ids in (("proof", fix.proof), ("guard", fix.guard)):
         for tid in ids:
-            got, want = outcomes[tid], expected(fix, kind, role)
+            got, want = outcomes[tid], expected(fix, kind, role, upstream)
             if got == want:
                 continue
             if kind == "proof" and want == FAIL and got == PASS:
@@ -140,6 +149,9 @@ def table(series: Series, results: dict[str, dict[str, str] | str]) -> tuple[str
     roles = list(results)
     rows = [["fix", "status", *roles]]
     problems: list[str] = []
+    upstream = series.upstream.get("requirement", "").partition("==")[2] or None
+    # An in-base fix needs a control where no older base's stock shows its proofs failing.
+    oldest = min(Version(b[1:]) for b in bases(series.root))
     source_only = {p.name for p in series.patches if not p.wheel}
     for fix in series.rows:
         row = [fix.id, fix.status]
@@ -155,10 +167,11 @@ def table(series: Series, results: dict[str, dict[str, str] | str]) -> tuple[str
                 got = got.get(fix.id)
                 if got is None:
                     row.append("–")
-                    if fix.status == "in-base" and fix.proof:
+                    if fix.status == "in-base" and fix.proof and (
+                            not fix.released or Version(fix.released) <= oldest):
                         problems.append(f"{fix.id}: in-base fix without a control")
                     continue
-            cell = judge(fix, role, got)
+            cell = judge(fix, role, got, upstream)
             row.append(cell.text)
             problems += cell.problems
         rows.append(row)
