@@ -14,11 +14,12 @@ from .series import Fix, ROOT, Series
 PASS, FAIL = "passed", "failed"
 
 
-def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None = None
-              ) -> dict[str, str]:
+def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None = None,
+              overlay: Path | None = None) -> dict[str, str]:
     """Outcome of each test id under ``python``: passed, failed, skipped or missing.
 
     ``control``: the id of an in-base fix to take out for this run (see test/conftest.py).
+    ``overlay``: a directory put first on PYTHONPATH (`symfix.py audit`'s patched torch).
     """
     files = sorted({t.split("::")[0] for t in test_ids if (ROOT / t.split("::")[0]).is_file()})
     outcomes: dict[str, str] = {}
@@ -27,7 +28,8 @@ def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None 
             wanted, result = Path(tmp, "wanted.json"), Path(tmp, "outcomes.json")
             wanted.write_text(json.dumps(test_ids))
             env = {**os.environ, "SYMFIX_WANTED": str(wanted), "SYMFIX_OUTCOMES": str(result),
-                   "PYTHONPATH": str(ROOT / "tools")}
+                   "PYTHONPATH": os.pathsep.join([*([str(overlay)] if overlay else []),
+                                                  str(ROOT / "tools")])}
             if control:
                 env["SYMFIX_CONTROL"] = control
             log.parent.mkdir(parents=True, exist_ok=True)
