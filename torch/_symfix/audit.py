@@ -114,8 +114,8 @@ def _user_file(filename: str, target_dir: str) -> bool:
 
 
 def frames_of(frames, target_dir: str) -> dict:
-    """Locations in a stack (outermost first): torch frames, the significant torch frame, the
-    innermost user frame."""
+    """Locations in a stack (outermost first): the torch frames below the user's innermost frame
+    (all of them when the user's code is not on the stack), the one that matters, the user's."""
     torch_frames, user = [], None
     for f in frames:
         rel = torch_rel(f.filename)
@@ -123,6 +123,7 @@ def frames_of(frames, target_dir: str) -> dict:
             torch_frames.append({"file": rel, "line": f.lineno, "func": f.name})
         elif _user_file(f.filename, target_dir):
             user = f"{os.path.relpath(f.filename)}:{f.lineno}"
+            torch_frames = []  # what the user's line called is what broke
     significant = [t for t in torch_frames if not is_plumbing(t["file"], t["func"])]
     where = (significant or torch_frames or [None])[-1]
     return {"torch_frames": torch_frames, "torch": where, "user": user}
@@ -365,7 +366,8 @@ def capture(fn, args, target_dir: str) -> dict:
 def _dedup(findings: list[dict]) -> list[dict]:
     seen, out = set(), []
     for f in findings:
-        key = (f["kind"], f["expr"], f["torch"], f["user"])
+        key = (f["kind"], f["expr"], f["user"]) if f["kind"] == "specialized" else (
+            f["kind"], f["expr"], f["torch"], f["user"])
         if key not in seen:
             seen.add(key)
             out.append(f)
