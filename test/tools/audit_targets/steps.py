@@ -154,3 +154,23 @@ def user_branch_target():
         return x.mean()
 
     return step, (x,)
+
+
+def flex_eager_loss_target():
+    """Public flex_attention called as it is (no torch.compile), in-graph causal block mask, a
+    loss over unbacked batch and sequence; no backward (CPU flex has none in eager)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    w = {"embed": torch.randn(V, D), "wqkv": torch.randn(3 * D, D) / D ** 0.5,
+         "head": torch.randn(V, D) / D ** 0.5}
+
+    def step(tokens, embed, wqkv, head):
+        b, s = tokens.shape[1:]
+        x = F.embedding(tokens[0], embed)
+        qkv = (x @ wqkv.t()).view(b, s, 3, H, D // H).permute(2, 0, 3, 1, 4)
+        bm = create_block_mask(causal, None, None, s, s, device="cpu")
+        o = flex_attention(qkv[0], qkv[1], qkv[2], block_mask=bm)
+        o = o.transpose(1, 2).reshape(b, s, D)
+        return F.cross_entropy((o @ head.t()).reshape(-1, V), tokens[1].reshape(-1))
+
+    return step, (_tokens(), w["embed"], w["wqkv"], w["head"])
