@@ -218,7 +218,7 @@ def audit(series: Series, target: str, python: Path, repro_dir: Path, tests: boo
           say=print) -> int:
     eng = engine()
     info = probe(python)
-    say(f"audit   {target} with {python} (torch {info['version']})")
+    say(f"audit   {target} with {os.path.relpath(python)} (torch {info['version']})")
     first = run_engine(python, target)
     runs = [([], first)]  # (patches applied on top of the audited torch, result)
     have = set(first["symfix"] or [])

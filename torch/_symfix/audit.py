@@ -25,6 +25,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import sys
 import traceback
 import warnings
@@ -77,6 +78,9 @@ _PLUMBING_FUNCS = ("evaluate_", "_evaluate", "_inner_evaluate", "guard_", "_guar
                    "_make_data_dependent_error", "statically_known", "_check", "_check_with")
 
 
+_DDE_TEXT = re.compile(r"Could not guard on data-dependent expression (.+?) \(unhinted")
+
+
 class BadInput(Exception):
     """The target cannot be audited (no such file or function, wrong return shape)."""
 
@@ -105,6 +109,8 @@ def is_plumbing(rel: str, func: str) -> bool:
 
 
 def _user_file(filename: str, target_dir: str) -> bool:
+    if filename.startswith("<"):  # generated code: <eval_with_key>, <string>
+        return False
     name = os.path.abspath(filename)
     if torch_rel(filename) is not None or name == os.path.abspath(__file__):
         return False
@@ -155,6 +161,8 @@ def failure_finding(exc: BaseException, target_dir: str) -> dict:
         cond = getattr(dde, "cond", None)  # a SymPy relation: never ask for its truth
         kind = "data-dependent error"
         expr = str(cond) if cond is not None else (str(dde).strip().splitlines() or [""])[0]
+    elif m := _DDE_TEXT.search(str(chain[-1])):  # a data-dependent error Dynamo re-raised
+        kind, expr = "data-dependent error", m.group(1)
     else:
         root = chain[-1]
         kind = "internal assertion" if isinstance(root, AssertionError) else "capture error"

@@ -90,20 +90,27 @@ def _flex_train(q, k, v, block_mask):
 
 
 def flex_unbacked_lengths_target():
-    """FlexAttention over an unbacked sequence with a BlockMask made outside the step."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
+    """FlexAttention over an unbacked batch and sequence (its default block mask is made from
+    them), with a backward through a learned per-head score bias."""
     qkv = torch.randn(3, B, H, S, D)
-    mark_unbacked(qkv, 3, hint_override=S, min=1, max=128)
-    bm = create_block_mask(causal, None, None, 128, 128, device="cpu")
+    mark_unbacked(qkv, 1, hint_override=B, min=1)
+    mark_unbacked(qkv, 3, hint_override=S, min=1)
+    bias = torch.randn(H)
 
-    def step(qkv):
+    def step(qkv, bias):
+        bias = bias.requires_grad_()
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + bias[h]
+
         q, k, v = qkv.unbind(0)
-        n = q.shape[2]
-        mask = bm._adjust(n, n) if hasattr(bm, "_adjust") else bm
-        return _flex(q, k, v, mask).sum()
+        from torch.nn.attention.flex_attention import flex_attention
 
-    return step, (qkv,)
+        out = torch.compile(flex_attention, backend="eager", fullgraph=True)(
+            q, k, v, score_mod=score_mod)
+        return torch.autograd.grad(out.sum(), bias)
+
+    return step, (qkv, bias)
 
 
 def flex_step_target():
