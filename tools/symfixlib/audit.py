@@ -246,18 +246,17 @@ def audit(series: Series, target: str, python: Path, repro_dir: Path, tests: boo
             if trial is None:
                 # No frame in a patch's hunks or files (Dynamo re-raised it, say): does the
                 # rest of the series get past it at all? Then find the one patch that does.
-                rest = [p for p in series.patches if p not in applied
-                        and p not in search.tried and series.fix_for(p).id not in done]
+                rest = [p for p in series.patches
+                        if p not in applied and series.fix_for(p).id not in done]
                 root = overlay.make(applied + rest) if rest else None
                 if root is not None and not same(fatal(run_engine(python, target, root)), fail):
-                    for cand in rest:
+                    for cand in [p for p in rest if p not in search.tried]:
                         if trial := search.attempt(cand, "no frame in its files; found by "
                                                          "trying the series"):
                             break
-            if trial is not None:
-                how_found[trial["_with"][-1].name] = trial.pop("_how")
             if trial is None:
                 break
+            how_found[trial["_with"][-1].name] = trial.pop("_how")
             cand = trial["_with"][-1]
             applied = applied + trial.pop("_with")
             # every finding of this run that the trial lost is this fix's
