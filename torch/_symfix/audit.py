@@ -239,9 +239,8 @@ def _guard_findings(shape_env, target_dir: str) -> list[dict]:
 
 def _raw_symint_findings(gm, target_dir: str) -> list[dict]:
     """Graph nodes holding a SymInt/SymFloat/SymBool as an argument (no producer node)."""
-    from torch.utils._pytree import tree_leaves
-
     import torch
+    from torch.utils._pytree import tree_leaves
 
     out = []
     for n in gm.graph.nodes:
@@ -314,14 +313,13 @@ def fakeify(fake_mode, t, name: str):
 
 def capture(fn, args, target_dir: str) -> dict:
     """Capture ``fn(*args)`` like a graph trainer; every finding on the way."""
+    import torch
     import torch._dynamo.config
     from torch._guards import tracing, TracingContext
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
     from torch.utils._pytree import tree_map
-
-    import torch
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     counter = iter(range(1 << 30))

@@ -3,10 +3,9 @@
 Each ``*_target`` returns ``(fn, args)``; ``mark_unbacked`` marks say which sizes are unbacked.
 """
 
+import torch
 import torch.nn.functional as F
 from torch._dynamo.decorators import mark_unbacked
-
-import torch
 
 B, S, H, D, V = 2, 8, 2, 16, 32
 
