@@ -164,6 +164,24 @@ def candidates(series: Series, failure: dict, have: set[str]) -> list[tuple[Patc
     return list(out.values())
 
 
+def nearest_first(patches: list[Patch], failure: dict) -> list[Patch]:
+    """``patches`` ordered by how close their files are to the failure's frames (the longest
+    common directory), then in series order: a Dynamo-raised failure tries Dynamo's first."""
+    dirs = [Path(f["file"]).parent.parts for f in failure.get("torch_frames") or []]
+
+    def closeness(p: Patch) -> int:
+        best = 0
+        for c in p.changes:
+            parts = Path(c.path).parent.parts
+            for d in dirs:
+                n = next((i for i, (a, b) in enumerate(zip(parts, d, strict=False)) if a != b),
+                         min(len(parts), len(d)))
+                best = max(best, n)
+        return best
+
+    return sorted(patches, key=lambda p: -closeness(p))
+
+
 def _hunk_covers(hunk: str, line: int, slack: int = 3) -> bool:
     # "@@ -720,8 +720,12 @@ ..." in the pre-image's numbering (the audited torch is the base)
     start, _, length = hunk.split()[1][1:].partition(",")
@@ -250,7 +268,7 @@ def audit(series: Series, target: str, python: Path, repro_dir: Path, tests: boo
                         if p not in applied and series.fix_for(p).id not in done]
                 root = overlay.make(applied + rest) if rest else None
                 if root is not None and not same(fatal(run_engine(python, target, root)), fail):
-                    for cand in [p for p in rest if p not in search.tried]:
+                    for cand in nearest_first([p for p in rest if p not in search.tried], fail):
                         if trial := search.attempt(cand, "no frame in its files; found by "
                                                          "trying the series"):
                             break
