@@ -6,7 +6,6 @@ The targets are in audit_targets/steps.py.  On stock 2.13.0 each must name the f
 (found by capturing again with each fix applied); on the patched build each must trace clean.
 """
 
-import os
 import re
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from torch.testing._internal.common_utils import run_tests, TestCase
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from symfixlib import basewheel, envs, series  # noqa: E402
+from symfixlib import basewheel, envs  # noqa: E402
 
 STEPS = "test/tools/audit_targets/steps.py"
 PATCHED = ROOT / ".venv" / "bin" / "python"
@@ -138,5 +137,3 @@ class TestAuditEngine(TestCase):
 
 if __name__ == "__main__":
     run_tests()
-
-_ = (os, series)
