@@ -130,6 +130,9 @@ class TestSource(TestCase):
         self.assertEqual(prov["VERSION"], version)
         self.assertEqual(prov["BASE"]["source"], base)
         self.assertEqual([p["patch"] for p in prov["PATCHES"]], [p.name for p in SERIES.patches])
+        with zipfile.ZipFile(wheel) as zf:  # the torch._symfix package: our files beside it
+            for path, data in build.own_files(ROOT).items():
+                self.assertEqual(zf.read(path), data)
         self.assertEqual([f for f in self.out.iterdir() if f != wheel], [])
 
     def test_wrong_commit(self):

@@ -20,8 +20,18 @@ from .basewheel import BaseWheel, remember, remembered
 from .series import as_lf, Patch, Series
 
 # Bump when the layout of what `build` writes changes, so that cached wheels are rebuilt.
-BUILD_FORMAT = 1
-PROVENANCE = "torch/_symfix.py"
+BUILD_FORMAT = 2
+# torch._symfix is a package of the wheel: the generated provenance is its __init__.py, and the
+# files of ours under the repository's torch/ (torch/_symfix/audit.py, __main__.py) go in beside.
+PROVENANCE = "torch/_symfix/__init__.py"
+LEGACY_PROVENANCE = "torch/_symfix.py"  # wheels made before torch._symfix was a package
+
+
+def own_files(root: Path) -> dict[str, bytes]:
+    """The files of ours that go into the wheel at their path: every file under ``root/torch``."""
+    return {p.relative_to(root).as_posix(): p.read_bytes()
+            for p in sorted((root / "torch").rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
 
 
 class PatchFailed(Exception):
@@ -40,7 +50,9 @@ def build_key_of(inputs: dict) -> str:
 
 def build_key(series: Series, base: BaseWheel) -> str:
     return build_key_of({"base": base.sha256,
-                         "patches": [[p.name, p.sha256] for p in series.patches]})
+                         "patches": [[p.name, p.sha256] for p in series.patches],
+                         "own": [[k, hashlib.sha256(v).hexdigest()]
+                                 for k, v in own_files(series.root).items()]})
 
 
 def output_name(base: BaseWheel, version: str) -> str:
@@ -51,8 +63,12 @@ def read_provenance(wheel: Path) -> dict | None:
     """The provenance record of a wheel made by symfix, or None if it is not one."""
     try:
         with zipfile.ZipFile(wheel) as zf:
-            text = zf.read(PROVENANCE).decode()
-    except (OSError, KeyError, zipfile.BadZipFile):
+            names = set(zf.namelist())
+            path = next((p for p in (PROVENANCE, LEGACY_PROVENANCE) if p in names), None)
+            if path is None:
+                return None
+            text = zf.read(path).decode()
+    except (OSError, zipfile.BadZipFile):
         return None
     return {node.targets[0].id: ast.literal_eval(node.value)
             for node in ast.parse(text).body if isinstance(node, ast.Assign)}
@@ -60,7 +76,7 @@ def read_provenance(wheel: Path) -> dict | None:
 
 def provenance_module(series: Series, base: dict, version: str, key: str,
                       applied: list[Patch] | None = None) -> bytes:
-    """torch/_symfix.py: what this build was made from (``base``) and the patches applied
+    """torch/_symfix/__init__.py: what this build was made from (``base``) and the patches applied
     (``applied``; by default those of the wheel build)."""
     patches = []
     for p in series.wheel_patches if applied is None else applied:
@@ -161,6 +177,7 @@ def build(series: Series, base: BaseWheel, dist: Path, say=print) -> tuple[Path,
         if n != 1:
             raise PatchFailed("torch/version.py: cannot find the __version__ line to stamp")
         changed["torch/version.py"] = stamped.encode()
+        changed.update(own_files(series.root))
         changed[PROVENANCE] = provenance_module(
             series, {"version": base.version, "wheel": base.path.name, "sha256": base.sha256},
             version, key)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from . import basewheel, bench, build, checkout, envs, export, matrix, series, source
+from . import audit, basewheel, bench, build, checkout, envs, export, matrix, series, source
 from .build import PatchFailed
 from .envs import EnvError
 from .errors import Refused
@@ -415,6 +415,23 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_audit(args) -> int:
+    python = Path(args.python) if args.python else audit.default_python()
+    if not python.exists():
+        raise Refused(f"--python {python}: no such interpreter"
+                      + ("" if args.python else " (run `python3 tools/symfix.py wheel` first)"))
+    path = args.target.partition(":")[0] if not Path(args.target).is_file() else args.target
+    if not Path(path).is_file():
+        print(f"symfix: audit: {path}: no such file", file=sys.stderr)
+        return 2
+    try:
+        return audit.audit(series.load(), args.target, python, Path(args.repro_dir),
+                           tests=not args.no_tests)
+    except audit.BadTarget as e:
+        print(f"symfix: audit: {e}", file=sys.stderr)
+        return 2
+
+
 def series_table(s: series.Series) -> str:
     rows = ["| fix | upstream | fixes | component | status | patch | carried by |",
             "|---|---|---|---|---|---|---|"]
@@ -502,13 +519,23 @@ def main(argv: list[str] | None = None) -> int:
     so.add_argument("--upstream", action="store_true", help="matrix also on upstream torch")
     be = sub.add_parser("bench", help="speed ratios: wheel build, unbacked trace and step")
     base_options(be)
+    au = sub.add_parser("audit", help="where a step breaks or specializes its unbacked sizes, "
+                        "and which symfix fix fixes it")
+    au.add_argument("target", metavar="FILE.py[:NAME]",
+                    help="NAME (default audit_target) returns (fn, args) with mark_unbacked marks")
+    au.add_argument("--python", help="the torch to audit (default: the patched .venv)")
+    au.add_argument("--repro-dir", default=str(ROOT / ".symfix" / "audit"),
+                    help="where repros of problems without a fix go (default: .symfix/audit/)")
+    au.add_argument("--no-tests", action="store_true",
+                    help="do not run the proof tests of the fixes found")
     tb = sub.add_parser("table", help="write the series table into README.md")
     tb.add_argument("--check", action="store_true", help="only check that it is current")
     args = p.parse_args(argv)
     try:
         return {"wheel": cmd_wheel, "test": cmd_test, "status": cmd_status,
                 "table": cmd_table, "worktree": cmd_worktree,
-                "source": cmd_source, "export": cmd_export, "bench": cmd_bench}[args.verb](args)
+                "source": cmd_source, "export": cmd_export, "bench": cmd_bench,
+                "audit": cmd_audit}[args.verb](args)
     except Refused as e:
         print(f"symfix: refusing {e}", file=sys.stderr)
         return 2

@@ -26,11 +26,13 @@ class Run:
 
 
 def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None = None,
-              suite: bool = False, extra_env: dict[str, str] | None = None) -> Run:
+              suite: bool = False, extra_env: dict[str, str] | None = None,
+              overlay: Path | None = None) -> Run:
     """Outcome of each test id under ``python``.
 
     ``control``: the id of an in-base fix to take out for this run (see test/conftest.py).
     ``suite``: run the whole of test/ (and record the outcomes of ``test_ids`` in it).
+    ``overlay``: a directory put first on PYTHONPATH (`symfix.py audit`'s patched torch).
     """
     files = ["test"] if suite else sorted(
         {t.split("::")[0] for t in test_ids if (ROOT / t.split("::")[0]).is_file()})
@@ -41,7 +43,8 @@ def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None 
             wanted, result = Path(tmp, "wanted.json"), Path(tmp, "outcomes.json")
             wanted.write_text(json.dumps(test_ids))
             env = {**os.environ, **(extra_env or {}), "SYMFIX_OUTCOMES": str(result),
-                   "PYTHONPATH": str(ROOT / "tools")}
+                   "PYTHONPATH": os.pathsep.join([*([str(overlay)] if overlay else []),
+                                                  str(ROOT / "tools")])}
             if not suite:
                 env["SYMFIX_WANTED"] = str(wanted)
             if control:

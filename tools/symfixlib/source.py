@@ -70,11 +70,14 @@ def run_build(src: Path, cmd: list[str], env: dict[str, str], log: Path, say=pri
 
 
 def build_wheel(src: Path, series: Series, python: str, out: Path, head: str, say=print) -> Path:
-    """Build the checkout into ``out``; the provenance record goes in as torch/_symfix.py."""
+    """Build the checkout into ``out``; the torch._symfix package (provenance record and our
+    files, see build.own_files) goes in with it."""
     env = build_env(series)
     prov = src / build.PROVENANCE
     key = build.build_key_of({"source": head, "patches": [[p.name, p.sha256]
                                                           for p in series.patches]})
+    ours = build.own_files(series.root)
+    build.write_tree(src, ours)
     prov.write_bytes(build.provenance_module(
         series, {"version": series.base["version"], "source": head}, env["PYTORCH_BUILD_VERSION"],
         key, series.patches))
@@ -91,7 +94,11 @@ def build_wheel(src: Path, series: Series, python: str, out: Path, head: str, sa
         return final
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        prov.unlink(missing_ok=True)
+        for path in [*ours, build.PROVENANCE]:
+            (src / path).unlink(missing_ok=True)
+        shutil.rmtree(prov.parent / "__pycache__", ignore_errors=True)
+        if prov.parent.is_dir() and not any(prov.parent.iterdir()):
+            prov.parent.rmdir()
 
 
 def python_default() -> str:

@@ -1,0 +1,139 @@
+# Owner(s): ["module: dynamic shapes"]
+"""`symfix.py audit` and `python -m torch._symfix audit`: where a step breaks or specializes its
+unbacked sizes, and which symfix fix fixes it.
+
+The targets are in audit_targets/steps.py.  On stock 2.13.0 each must name the fixes it needs
+(found by capturing again with each fix applied); on the patched build each must trace clean.
+"""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from torch.testing._internal.common_utils import run_tests, TestCase
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+
+from symfixlib import basewheel, envs  # noqa: E402
+
+STEPS = "test/tools/audit_targets/steps.py"
+PATCHED = ROOT / ".venv" / "bin" / "python"
+
+
+def stock_python() -> Path:
+    """Stock torch 2.13.0 (`symfix.py test` makes it; made here the same way if missing)."""
+    link = ROOT / ".symfix" / "stock"
+    if not envs.python_of(link).exists():
+        from test_symfix_wheel import real_base_wheel
+
+        wheel = real_base_wheel()
+        envs.ensure("stock", str(wheel), basewheel.sha256_file(wheel))
+    return envs.python_of(link)
+
+
+def symfix(*args, timeout=1500):
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "symfix.py"), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def fixes_needed(out: str) -> list[str]:
+    m = re.search(r"symfix fixes this step needs: (.*?)(;|$)", out, re.M)
+    return [] if m is None or m.group(1) == "none" else m.group(1).split(", ")
+
+
+class TestAuditOnStock(TestCase):
+    """Stock 2.13.0: the findings and the fixes that remove them."""
+
+    def audit(self, name):
+        proc = symfix("audit", "--no-tests", "--python", str(stock_python()),
+                      "--repro-dir", str(ROOT / ".symfix" / "audit-test"), f"{STEPS}:{name}")
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+        return proc.stdout
+
+    def test_nested_make_fx_over_unbacked_inputs(self):
+        out = self.audit("nested_make_fx_target")
+        self.assertEqual(fixes_needed(out), ["proxy-provenance"], out)
+        self.assertIn("with them it traces clean", out)
+
+    def test_block_mask_in_graph(self):
+        out = self.audit("block_mask_in_graph_target")
+        self.assertEqual(fixes_needed(out), ["proxy-provenance", "fake-constant-pad-nd-symbolic",
+                                             "flex-dense-block-mask-scatter"], out)
+        self.assertIn("SymIntArrayRef expected to contain only concrete integers", out)
+        self.assertIn("with them it traces clean", out)
+
+    def test_flex_attention_unbacked_lengths(self):
+        out = self.audit("flex_unbacked_lengths_target")
+        self.assertEqual(fixes_needed(out), ["proxy-provenance", "foreign-unbacked-transfer",
+                                             "flex-unbacked-lengths"], out)
+        self.assertIn("data-dependent error: Ne(u", out)
+        self.assertIn("with them it traces clean", out)
+
+    def test_flex_training_step(self):
+        # flex attention, an in-graph causal block mask, a loss over unbacked batch and sequence
+        out = self.audit("flex_step_target")
+        needed = fixes_needed(out)
+        self.assertGreaterEqual(len(set(needed)), 2, out)
+        self.assertIn("with them it traces clean", out)
+        # every finding names the layer, both locations and a remedy
+        for block in out.split("\n[")[1:]:
+            self.assertRegex(block, r"layer   \S")
+            self.assertRegex(block, r"remedy  (symfix fix|fixed in torch|no known fix)")
+
+
+class TestAuditOnPatched(TestCase):
+    """The patched build: every target traces clean, with the in-wheel audit too."""
+
+    def test_targets_clean_in_wheel(self):
+        for name in ("nested_make_fx_target", "block_mask_in_graph_target",
+                     "flex_unbacked_lengths_target", "flex_step_target", "clean_target"):
+            with self.subTest(name=name):
+                proc = subprocess.run([str(PATCHED), "-m", "torch._symfix", "audit",
+                                       f"{STEPS}:{name}"], cwd=ROOT, capture_output=True,
+                                      text=True, timeout=600)
+                self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+                self.assertIn("clean: the step traces", proc.stdout)
+
+    def test_tools_audit_clean_exit_0(self):
+        proc = symfix("audit", f"{STEPS}:flex_step_target")
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("clean: the step traces", proc.stdout)
+
+
+class TestAuditBadInput(TestCase):
+    def check(self, target, expect):
+        for cmd in ([sys.executable, str(ROOT / "tools" / "symfix.py"), "audit", target],
+                    [str(PATCHED), "-m", "torch._symfix", "audit", target]):
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+            self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+            self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
+            self.assertIn(expect, proc.stderr)
+            self.assertNotIn("Traceback", proc.stderr)
+
+    def test_no_such_file(self):
+        self.check("test/tools/audit_targets/nope.py", "no such file")
+
+    def test_no_such_function(self):
+        self.check(f"{STEPS}:missing", "has no function missing")
+
+    def test_wrong_return_shape(self):
+        self.check(f"{STEPS}:not_a_pair", "must return (fn, args)")
+
+
+class TestAuditEngine(TestCase):
+    """The findings of the capture itself, on the torch running the suite."""
+
+    def test_specialization_is_found(self):
+        # torch._check(n == 8) pins the unbacked size: reported where it happened
+        proc = subprocess.run([sys.executable, str(ROOT / "torch" / "_symfix" / "audit.py"),
+                               f"{STEPS}:specialized_target"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=600)
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+        self.assertIn("specialized: u0 = 8", proc.stdout)
+        self.assertIn(f"{STEPS}:", proc.stdout)
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,349 @@
+"""`symfix.py audit`: where a user's step breaks or specializes its unbacked sizes, and which
+symfix fix fixes it.
+
+The capture and its findings are torch/_symfix/audit.py's (the file the patched wheel ships as
+``torch._symfix.audit``), run with the audited Python.  This driver adds the remedies.  While
+the capture fails, the fixes whose patched files hold a frame of the failure are candidates,
+those with a hunk over the failing line first; each is tried by capturing again on an overlay:
+the audited torch with that fix (and the fixes found so far) applied to a copy of the files the
+patches change, the rest of the package linked.  A candidate that moves the capture past the
+failure is the fix for it; the proof tests of every fix found then run on the audited torch
+(where they must fail) and on the overlay (where they must pass).  A failure no fix moves past
+is checked against torch 2.15.0; else it has no known fix and gets a repro file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from . import build, matrix
+from .series import Fix, git_blob_id, Patch, ROOT, Series
+
+ENGINE = ROOT / "torch" / "_symfix" / "audit.py"
+TORCH_215 = Path("/work/envs/torch-2.15.0/bin/python")
+FIXED_IN = "2.15.0"
+
+
+def engine():
+    """torch/_symfix/audit.py as a module (it imports torch only to capture)."""
+    spec = importlib.util.spec_from_file_location("symfix_audit_engine", ENGINE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class BadTarget(Exception):
+    """The target cannot be audited: the engine's one line."""
+
+
+def probe(python: Path) -> dict:
+    """The audited torch: its package directory and version, without importing torch."""
+    code = ("import importlib.util as u, json, os; s = u.find_spec('torch'); "
+            "d = s.submodule_search_locations[0] if s else None; "
+            "v = open(os.path.join(d, 'version.py')).read() if d else ''; "
+            "print(json.dumps({'dir': d, 'version': v}))")
+    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+    if proc.returncode:
+        raise BadTarget(f"{python}: cannot run it")
+    info = json.loads(proc.stdout)
+    if not info["dir"]:
+        raise BadTarget(f"{python}: has no torch")
+    version = next((ln.split("=", 1)[1].strip().strip("'\"") for ln in info["version"].splitlines()
+                    if ln.startswith("__version__")), "?")
+    return {"dir": Path(info["dir"]), "version": version}
+
+
+def run_engine(python: Path, target: str, overlay: Path | None = None,
+               timeout: int = 900) -> dict:
+    env = dict(os.environ)
+    if overlay is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(overlay), *filter(None, [env.get("PYTHONPATH")])])
+    # A torch with torch._symfix.audit runs its own; any other runs this repository's file.
+    cmd = ([str(python), "-m", "torch._symfix", "audit"] if in_wheel(python)
+           else [str(python), str(ENGINE)])
+    proc = subprocess.run([*cmd, "--json", target], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+    if proc.returncode == 2:
+        raise BadTarget((proc.stderr.strip().splitlines() or ["bad input"])[-1]
+                        .removeprefix("symfix audit: "))
+    start = proc.stdout.find("{\n")
+    if start < 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
+        raise BadTarget(f"the capture died with {python} (exit {proc.returncode}): {tail}")
+    return json.loads(proc.stdout[start:])
+
+
+def in_wheel(python: Path) -> bool:
+    try:
+        return (probe(python)["dir"] / "_symfix" / "audit.py").is_file()
+    except BadTarget:
+        return False
+
+
+class Overlay:
+    """The audited torch with some patches applied: a directory that shadows the package on
+    PYTHONPATH, holding patched copies of the changed files and links to everything else."""
+
+    def __init__(self, series: Series, torch_dir: Path, tmp: Path):
+        self.series, self.torch_dir, self.tmp = series, torch_dir, tmp
+        self.base = {path: (torch_dir.parent / path).read_bytes()
+                     for path in series.touched_files() if (torch_dir.parent / path).is_file()}
+        self.pristine = all(git_blob_id(self.base.get(p, b"")) == blob
+                            for p, blob in series.touched_files().items())
+        self.n = 0
+
+    def make(self, patches: list[Patch]) -> Path | None:
+        """The overlay for ``patches`` (in series order), or None if one does not apply."""
+        self.n += 1
+        root = self.tmp / f"overlay-{self.n}"
+        scratch = self.tmp / f"apply-{self.n}"
+        build.write_tree(scratch, self.base)
+        for p in sorted(patches, key=self.series.patches.index):
+            if build.git_apply(p, scratch):
+                return None
+        changed = {c.path for p in patches for c in p.changes}
+        for path in changed:
+            self._link_parents(root, path)
+            dest = root / path
+            if dest.is_symlink():
+                dest.unlink()
+            for pyc in (dest.parent / "__pycache__").glob(f"{dest.stem}.*.pyc"):
+                pyc.unlink()
+            if (scratch / path).exists():
+                dest.write_bytes((scratch / path).read_bytes())
+        shutil.rmtree(scratch)
+        return root
+
+    def _link_parents(self, root: Path, path: str) -> None:
+        """Make the directories of ``path`` real in ``root``, every sibling a link."""
+        parts = Path(path).parts[:-1]
+        src, dst = self.torch_dir.parent, root
+        for part in parts:
+            src, dst = src / part, dst / part
+            if dst.is_dir() and not dst.is_symlink():
+                continue
+            if dst.is_symlink():
+                dst.unlink()
+            dst.mkdir(parents=True)
+            for entry in src.iterdir():
+                if entry.name != "__pycache__":
+                    (dst / entry.name).symlink_to(entry)
+            # compiled modules of the siblings stay shared; Python writes the patched ones here
+            if (src / "__pycache__").is_dir():
+                (dst / "__pycache__").mkdir()
+                for pyc in (src / "__pycache__").iterdir():
+                    (dst / "__pycache__" / pyc.name).symlink_to(pyc)
+
+
+def candidates(series: Series, failure: dict, have: set[str]) -> list[tuple[Patch, str]]:
+    """Patches whose changed files hold a frame of the failure: hunk over the line first, then
+    by file, innermost frame first."""
+    frames = [f for f in reversed(failure.get("torch_frames") or [])]
+    in_hunk, in_file = [], []
+    for fr in frames:
+        for p in series.patches:
+            fix = series.fix_for(p)
+            if fix.id in have:
+                continue
+            for c in p.changes:
+                if c.path != fr["file"]:
+                    continue
+                hit = any(_hunk_covers(h, fr["line"]) for h in c.hunks)
+                (in_hunk if hit else in_file).append(p)
+    out: dict[str, tuple[Patch, str]] = {}
+    for p in in_hunk:
+        out.setdefault(p.name, (p, "a frame of the failure is in a hunk it patches"))
+    for p in in_file:
+        out.setdefault(p.name, (p, "a frame of the failure is in a file it patches"))
+    return list(out.values())
+
+
+def nearest_first(patches: list[Patch], failure: dict) -> list[Patch]:
+    """``patches`` ordered by how close their files are to the failure's frames (the longest
+    common directory), then in series order: a Dynamo-raised failure tries Dynamo's first."""
+    dirs = [Path(f["file"]).parent.parts for f in failure.get("torch_frames") or []]
+
+    def closeness(p: Patch) -> int:
+        best = 0
+        for c in p.changes:
+            parts = Path(c.path).parent.parts
+            for d in dirs:
+                n = next((i for i, (a, b) in enumerate(zip(parts, d, strict=False)) if a != b),
+                         min(len(parts), len(d)))
+                best = max(best, n)
+        return best
+
+    return sorted(patches, key=lambda p: -closeness(p))
+
+
+def _hunk_covers(hunk: str, line: int, slack: int = 3) -> bool:
+    # "@@ -720,8 +720,12 @@ ..." in the pre-image's numbering (the audited torch is the base)
+    start, _, length = hunk.split()[1][1:].partition(",")
+    start, length = int(start), int(length or 1)
+    return start - slack <= line <= start + length + slack
+
+
+def same(a: dict | None, b: dict | None) -> bool:
+    return a is not None and b is not None and a["kind"] == b["kind"] and (
+        (a["torch_func"] or a["torch"]) == (b["torch_func"] or b["torch"])) and a["user"] == b[
+        "user"] and a["expr"].split(":")[0] == b["expr"].split(":")[0]
+
+
+def fatal(result: dict) -> dict | None:
+    return next((f for f in result["findings"] if f["fatal"]), None)
+
+
+class Search:
+    """Tries fixes against one failure: captures again with each added to ``applied``."""
+
+    def __init__(self, series, overlay, python, target, applied, fail, say):
+        self.series, self.overlay, self.python, self.target = series, overlay, python, target
+        self.applied, self.fail, self.say = applied, fail, say
+        self.tried: list[Patch] = []
+
+    def attempt(self, cand: Patch, how: str) -> dict | None:
+        """The capture with ``cand`` added, if it gets past the failure; else None."""
+        self.tried.append(cand)
+        deps = []
+        root = self.overlay.make(self.applied + [cand])
+        if root is None:  # needs an earlier patch's context: try with those patches
+            deps = [p for p in self.series.patches[:self.series.patches.index(cand)]
+                    if p not in self.applied and {c.path for c in p.changes}
+                    & {c.path for c in cand.changes}]
+            root = self.overlay.make(self.applied + deps + [cand])
+        if root is None:
+            return None
+        self.say(f"        {self.fail['kind']} in {self.fail['torch_func']}: trying "
+                 f"{self.series.fix_for(cand).id} ({cand.name[:4]}, {how})")
+        trial = run_engine(self.python, self.target, root)
+        if same(fatal(trial), self.fail):
+            return None
+        trial["_with"], trial["_how"] = deps + [cand], how
+        return trial
+
+
+def run_proofs(python: Path, fixes: list[Fix], overlay: Path | None, log: Path) -> dict:
+    return matrix.run_tests(python, [t for f in fixes for t in f.proof], log, overlay=overlay)
+
+
+def audit(series: Series, target: str, python: Path, repro_dir: Path, tests: bool = True,
+          say=print) -> int:
+    eng = engine()
+    info = probe(python)
+    say(f"audit   {target} with {os.path.relpath(python)} (torch {info['version']})")
+    first = run_engine(python, target)
+    runs = [([], first)]  # (patches applied on top of the audited torch, result)
+    have = set(first["symfix"] or [])
+    tmp = Path(tempfile.mkdtemp(prefix="symfix-audit-"))
+    how_found: dict[str, str] = {}  # patch name -> how it was matched to its failure
+    found: list[tuple[dict, list[Patch], Patch | None]] = []  # finding, applied, fixing patch
+    try:
+        overlay = Overlay(series, info["dir"], tmp)
+        usable = overlay.pristine and info["version"].startswith(series.base["version"])
+        applied: list[Patch] = []
+        result = first
+        while True:
+            fail = fatal(result)
+            for f in result["findings"]:
+                if not any(same(f, g) for g, _, _ in found):
+                    found.append((f, list(applied), None))
+            if fail is None or not usable:
+                break
+            done = have | {series.fix_for(p).id for p in applied}
+            search = Search(series, overlay, python, target, applied, fail, say)
+            trial = None
+            for cand, how in candidates(series, fail, done):
+                if trial := search.attempt(cand, how):
+                    break
+            if trial is None:
+                # No frame in a patch's hunks or files (Dynamo re-raised it, say): does the
+                # rest of the series get past it at all? Then find the one patch that does.
+                rest = [p for p in series.patches
+                        if p not in applied and series.fix_for(p).id not in done]
+                root = overlay.make(applied + rest) if rest else None
+                if root is not None and not same(fatal(run_engine(python, target, root)), fail):
+                    for cand in nearest_first([p for p in rest if p not in search.tried], fail):
+                        if trial := search.attempt(cand, "no frame in its files; found by "
+                                                         "trying the series"):
+                            break
+            if trial is None:
+                break
+            how_found[trial["_with"][-1].name] = trial.pop("_how")
+            cand = trial["_with"][-1]
+            applied = applied + trial.pop("_with")
+            # every finding of this run that the trial lost is this fix's
+            found = [(f, a, cand if (p is None and any(f is g for g in result["findings"])
+                                     and not any(same(f, g) for g in trial["findings"]))
+                      else p) for f, a, p in found]
+            runs.append((list(applied), trial))
+            result = trial
+        final_root = overlay.make(applied) if applied else None
+
+        # Findings no fix of the series removed: 2.15.0, or no known fix.
+        left = [f for f, _, p in found if p is None]
+        upstream = None
+        if left and TORCH_215.exists() and probe(TORCH_215)["dir"] != info["dir"]:
+            say(f"        {len(left)} left without a symfix fix: capturing with torch {FIXED_IN}")
+            try:
+                upstream = run_engine(TORCH_215, target)
+            except BadTarget as e:
+                say(f"        torch {FIXED_IN}: {e}")
+
+        # Proofs: each fix found fails its proof tests on the audited torch, passes on the overlay.
+        fixes = [series.fix_for(p) for p in applied if any(q is p for _, _, q in found)]
+        proofs = {}
+        if fixes and tests:
+            say(f"        proof tests of {', '.join(f.id for f in fixes)}: on the audited torch, "
+                f"then with the fixes")
+            logs = ROOT / ".symfix" / "logs"
+            before = run_proofs(python, fixes, None, logs / "audit-proofs-before.log")
+            after = run_proofs(python, fixes, final_root, logs / "audit-proofs-after.log")
+            for fix in fixes:
+                fails = sum(before.get(t) == matrix.FAIL for t in fix.proof)
+                passes = sum(after.get(t) == matrix.PASS for t in fix.proof)
+                proofs[fix.id] = (fails, passes, len(fix.proof))
+
+        print()
+        n_total = 0
+        for n, (f, applied_then, patch) in enumerate(found, 1):
+            n_total += 1
+            if patch is not None:
+                fix = series.fix_for(patch)
+                text = f"symfix fix {fix.id} ({patch.name}; {how_found[patch.name]})"
+                if fix.id in proofs:
+                    fails, passes, total = proofs[fix.id]
+                    text += (f"; its proof tests: {fails}/{total} fail on your torch, "
+                             f"{passes}/{total} pass with the fix")
+            elif upstream is not None and upstream["traced"] and not any(
+                    same(f, g) or (f["kind"] == g["kind"] and f["user"] == g["user"])
+                    for g in upstream["findings"]):
+                text = f"fixed in torch {FIXED_IN} (no symfix fix; {FIXED_IN} traces the step)"
+            else:
+                repro = eng.write_repro(str(repro_dir), n, f, target, info["version"])
+                why = "" if usable else " (the series cannot be tried on this torch)"
+                text = f"no known fix{why}; repro: {os.path.relpath(repro)}"
+            if applied_then:
+                text += f"  [seen with {', '.join(p.name[:4] for p in applied_then)} applied]"
+            print(eng.format_finding(n, f, text))
+        if not found:
+            print("clean: the step traces with its unbacked sizes symbolic.")
+        else:
+            ids = [series.fix_for(p).id for p in applied if any(q is p for _, _, q in found)]
+            print(f"{n_total} problem(s) found; symfix fixes this step needs: "
+                  f"{', '.join(ids) or 'none'}"
+                  + ("; with them it traces clean" if ids and not runs[-1][1]["findings"]
+                     else ""))
+        return 1 if found else 0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def default_python() -> Path:
+    return ROOT / ".venv" / "bin" / "python"
+
