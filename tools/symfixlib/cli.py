@@ -12,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import Version
 
 from . import audit, basewheel, bench, build, checkout, envs, export, matrix, series, source
 from .build import PatchFailed
@@ -180,7 +181,6 @@ def cmd_test(args) -> int:
 def cmd_status(args) -> int:
     if args.rebase_onto:
         return cmd_rebase_status(args)
-    s = series.load()
     python = export.check_python(Path(args.python or shutil.which("python3") or sys.executable))
     probe = subprocess.run(
         [str(python), "-c", "import importlib, importlib.util as u, torch;"
@@ -192,6 +192,14 @@ def cmd_status(args) -> int:
     version, patches = probe.stdout.split()
     print(f"torch {version} at {python}" + (f" (symfix build, {patches} patches)"
                                              if int(patches) else ""))
+    tag = f"v{Version(version).public}"
+    if tag in series.bases():
+        print(f"series  patches/{tag}: `python3 tools/symfix.py wheel --base {tag[1:]}` builds it")
+    else:  # no series of its own: judge it by the fixes of the newest base
+        print(f"series  none for torch {Version(version).public} (bases: "
+              f"{', '.join(b[1:] for b in series.bases())}); the fixes of the newest base:")
+        tag = max(series.bases(), key=lambda b: Version(b[1:]))
+    s = series.load(tag=tag)
     log = ROOT / ".symfix" / "logs" / "status.log"
     outcomes = matrix.run_tests(python, matrix.all_test_ids(s), log).outcomes
     if all(v == "missing" for v in outcomes.values()):
