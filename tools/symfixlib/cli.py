@@ -440,22 +440,33 @@ def cmd_audit(args) -> int:
         return 2
 
 
-def series_table(s: series.Series) -> str:
-    rows = ["| fix | upstream | fixes | component | status | patch | carried by |",
-            "|---|---|---|---|---|---|---|"]
-    wheel = {p.name: p.wheel for p in s.patches}
-    for f in s.fixes:
+def series_table(all_series: list[series.Series]) -> str:
+    """One row per fix of any base; per base, what its series does about it (status, patch)."""
+    tags = [s.base["tag"] for s in all_series]
+    rows = ["| fix | upstream | fixes | component | first release | "
+            + " | ".join(f"{tag} series" for tag in tags) + " | carried by |",
+            "|---" * (6 + len(tags)) + "|"]
+    by_base = [{f.id: f for f in s.fixes} for s in all_series]
+    wheel = {p.name: p.wheel for s in all_series for p in s.patches}
+    ids = list(dict.fromkeys(f.id for s in all_series for f in s.fixes))
+    for fid in ids:
+        f = next(b[fid] for b in by_base if fid in b)
         prs = ", ".join(f"[#{n}](https://github.com/pytorch/pytorch/pull/{n})" for n in f.upstream)
         bugs = ", ".join(f"#{b}" if isinstance(b, int) else str(b) for b in f.fixes)
-        patch = f"`{f.patch}`" if f.patch else "–"
-        carried = "–" if not f.patch else "wheel, source" if wheel[f.patch] else "source"
-        rows.append(f"| {f.title} | {prs or '–'} | {bugs or '–'} | {f.component} | {f.status} "
-                    f"| {patch} | {carried} |")
+        cells = []
+        for b in by_base:
+            row = b.get(fid)
+            cells.append("–" if row is None else f"{row.status} {row.patch[:4]}" if row.patch
+                         else row.status)
+        patch = next((b[fid].patch for b in by_base if fid in b and b[fid].patch), None)
+        carried = "–" if not patch else "wheel, source" if wheel[patch] else "source"
+        rows.append(f"| {f.title} | {prs or '–'} | {bugs or '–'} | {f.component} | "
+                    f"{f.released or '–'} | {' | '.join(cells)} | {carried} |")
     return "\n".join(rows)
 
 
 def cmd_table(args) -> int:
-    table = series_table(series.load())
+    table = series_table([series.load(tag=tag) for tag in series.bases()])
     readme = ROOT / "README.md"
     text = readme.read_text()
     head, rest = text.split(TABLE_BEGIN, 1)
