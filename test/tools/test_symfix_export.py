@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from symfixlib import basewheel, export, porttests, series  # noqa: E402
+from symfixlib import export, porttests, series  # noqa: E402
 from symfixlib.errors import Refused  # noqa: E402
 from test_symfix_source import git, make_checkout, symfix  # noqa: E402
 
@@ -479,8 +479,9 @@ class TestOwnFixToMain(TestCase):
 
 class TestRebaseOnto(TestCase):
     def test_verdicts_on_own_base_and_changed_files(self):
-        base = (Path(os.environ["SYMFIX_BASE_WHEEL"]) if "SYMFIX_BASE_WHEEL" in os.environ
-                else basewheel.fetch(SERIES, ROOT / ".symfix" / "cache" / "base"))
+        from test_symfix_wheel import real_base_wheel
+
+        base = real_base_wheel()
         verdicts = export.rebase_check(SERIES, base)
         self.assertEqual({verdicts[p.name] for p in SERIES.wheel_patches}, {"applies"})
         self.assertEqual({verdicts[p.name] for p in SERIES.patches if not p.wheel},

@@ -37,8 +37,9 @@ MINI = "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl"  # not a known file name:
 
 def real_base_wheel() -> Path:
     """The official 2.13.0 wheel: where `symfix.py test` says, else from pip like the tool."""
-    if path := os.environ.get("SYMFIX_BASE_WHEEL"):
-        return Path(path)
+    if (path := os.environ.get("SYMFIX_BASE_WHEEL")) and (
+            os.environ.get("SYMFIX_BASE", SERIES.base["tag"]) == SERIES.base["tag"]):
+        return Path(path)  # the base `test` runs with, when it is this series' (any 2.13.0 build)
     return basewheel.fetch(SERIES, ROOT / ".symfix" / "cache" / "base")
 
 
