@@ -314,8 +314,8 @@ def rebase_python(target: Path, given: str | None, say=print) -> tuple[Path | No
 def rebase_check(series: Series, target: Path) -> dict[str, str]:
     """Textual verdict per patch against another torch's files (a wheel, or a dir holding torch/).
 
-    ``applies`` or ``conflicts: <hunk>``; each patch is checked on its own against the target's
-    files, as a cherry-pick onto that base would be.
+    ``applies`` or ``conflicts: <hunk>``, in series order as quilt pushes them: a patch that
+    applies stays applied for the ones after it (a follow-up patch needs the one it follows).
     """
     paths = {c.path for p in series.wheel_patches for c in p.changes}
     if target.is_file():
@@ -328,7 +328,7 @@ def rebase_check(series: Series, target: Path) -> dict[str, str]:
         write_tree(Path(tmp), files)
         verdicts = {}
         for patch in series.patches:
-            failed = patch.wheel and git_apply(patch, Path(tmp), "--check")
+            failed = patch.wheel and git_apply(patch, Path(tmp))
             verdicts[patch.name] = ("source only (not in these Python files)" if not patch.wheel
                                     else f"conflicts: {failed}" if failed else "applies")
         return verdicts
