@@ -162,15 +162,19 @@ def cmd_test(args) -> int:
     if isinstance(pythons.get("upstream"), Path):
         env["SYMFIX_UPSTREAM_PYTHON"] = str(envs.python_of(pythons["upstream"]))
     results, suite = matrix.run_columns(s, {role: envs.python_of(p) if isinstance(p, Path) else p
-                                            for role, p in pythons.items()}, env)
-    step.done(f"matrix on {', '.join(pythons)}, controls on stock, test/ on patched, two at a "
-              f"time  (logs: {rel(matrix.LOGS)})", "run")
+                                            for role, p in pythons.items()}, env,
+                                        suite=not args.matrix_only)
+    step.done(f"matrix on {', '.join(pythons)}, controls on stock"
+              + ("" if args.matrix_only else ", test/ on patched")
+              + f", two at a time  (logs: {rel(matrix.LOGS)})", "run")
     text, problems = matrix.table(s, results)
     print("\n" + text + "\n")
     for p in problems:
         print(f"  ✗ {p}")
     print(f"{len(s.fixes)} fixes + {len(s.acceptance)} acceptance runs: "
           + (f"{len(problems)} problems" if problems else "all as expected"))
+    if args.matrix_only:
+        return 1 if problems else 0
     print(f"suite   pytest test/ on patched: {suite.summary}  (log: "
           f"{rel(matrix.LOGS / 'suite-patched.log')})  {'FAIL' if suite.returncode else 'ok'}")
     if suite.returncode:
@@ -312,7 +316,8 @@ def cmd_source(args) -> int:
     if args.no_test:
         return 0
     return cmd_test(argparse.Namespace(base=None, wheel=None, variant=None, python=args.python,
-                                       patched=str(wheel), upstream=args.upstream))
+                                       patched=str(wheel), upstream=args.upstream,
+                                       matrix_only=False))
 
 
 def cmd_export(args) -> int:
@@ -505,6 +510,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--patched", metavar="WHEEL", help="test this built wheel as the patched "
                    "build (default: build dist/'s wheel)")
     t.add_argument("--upstream", action="store_true", help="also test upstream torch (oracle)")
+    t.add_argument("--matrix-only", action="store_true", help="only the fixes' tests, not the "
+                   "whole test/ suite on the patched build")
     st = sub.add_parser("status", help="which fixes a torch install has")
     st.add_argument("--python", help="interpreter of that install (default: python3 on PATH)")
     st.add_argument("--rebase-onto", metavar="WHEEL_OR_DIR",

@@ -52,21 +52,22 @@ def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None 
             log.parent.mkdir(parents=True, exist_ok=True)
             with open(log, "w") as out:
                 rc = subprocess.run([str(python), "-m", "pytest", "-p", "symfixlib.outcomes_plugin",
-                                     "-q", "-rfE", *files], cwd=ROOT, env=env, stdout=out,
-                                    stderr=subprocess.STDOUT).returncode
+                                     "-q", "-rfE", "--durations=10", *files], cwd=ROOT, env=env,
+                                    stdout=out, stderr=subprocess.STDOUT).returncode
             if result.exists():
                 outcomes = json.loads(result.read_text())
             summary = (log.read_text().strip().splitlines() or ["no output"])[-1].strip("= ")
     return Run({t: outcomes.get(t, "missing") for t in test_ids}, rc, summary)
 
 
-def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, str]
-                ) -> tuple[dict[str, dict[str, str] | str], Run]:
-    """Every column of the matrix, and the whole test suite on the patched build.
+def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, str],
+                suite: bool = True) -> tuple[dict[str, dict[str, str] | str], Run]:
+    """Every column of the matrix, and (``suite``) the whole test suite on the patched build.
 
     Two jobs at a time, one a core: the patched build runs all of test/ once (its column is read
-    from that run), while stock runs the fixes' tests, then each in-base fix's tests with its
-    control, then the upstream column. ``pythons``: role -> interpreter, or why it was skipped.
+    from that run; without ``suite`` only the fixes' tests), while stock runs the fixes' tests,
+    then each in-base fix's tests with its control, then the upstream column. ``pythons``: role
+    -> interpreter, or why it was skipped.
     """
     ids = all_test_ids(series)
 
@@ -83,8 +84,9 @@ def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, s
         return out
 
     with ThreadPoolExecutor(2) as pool:
-        suite_job = pool.submit(run_tests, pythons["patched"], ids, LOGS / "suite-patched.log",
-                                suite=True, extra_env=env)
+        suite_job = pool.submit(run_tests, pythons["patched"], ids,
+                                LOGS / ("suite-patched.log" if suite else "matrix-patched.log"),
+                                suite=suite, extra_env=env)
         rest = pool.submit(others).result()
         suite = suite_job.result()
     results = {"stock": rest.pop("stock"), "patched": suite.outcomes, **rest}
