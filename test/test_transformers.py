@@ -17,6 +17,7 @@ from torch.fx.experimental.symbolic_shapes import (
     ShapeEnv,
     StatelessSymbolicContext,
 )
+from torch.nn.attention import SDPBackend
 from torch.testing._internal.common_utils import run_tests, TestCase
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -196,6 +197,14 @@ class TestSDPAUnbackedSeqLenCPU(TestCase):
         with fake_mode, _OpLog() as log:
             _attend(q, q, q)
         self.assertEqual(log.ops, [FUSED_CPU])
+
+    def test_cpp_choice_of_static_lengths(self):
+        # check_nonzero_sequence_lengths_dense: a known non-zero length keeps the fused CPU
+        # kernel, a known zero length takes math; only a length that may be 0 changes (0015).
+        q = torch.randn(1, 2, 8, 16)
+        self.assertEqual(torch._fused_sdp_choice(q, q, q), SDPBackend.FLASH_ATTENTION.value)
+        q0 = torch.randn(1, 2, 0, 16)
+        self.assertEqual(torch._fused_sdp_choice(q0, q0, q0), SDPBackend.MATH.value)
 
     def test_choice_changes_no_global_state_while_tracing(self):
         # While this thread is inside a traced SDPA call that takes the math

@@ -300,11 +300,11 @@ class TestBuild(TestCase):
         out, _ = self.build()
         self.assertEqual(out.name, f"torch-2.13.0+cpu.{SERIES.label}-cp311-cp311-win_arm64.whl")
         with WheelFile(out) as wf:
-            for patch in SERIES.patches:
+            for patch in SERIES.wheel_patches:
                 for change in patch.changes:
                     data = wf.read(change.path)
                     self.assertNotIn(b"\n", data.replace(b"\r\n", b""), change.path)
-                    post = [c.post_blob for p in SERIES.patches for c in p.changes
+                    post = [c.post_blob for p in SERIES.wheel_patches for c in p.changes
                             if c.path == change.path][-1]
                     self.assertEqual(git_blob_id(series.as_lf(data)), post)
 
