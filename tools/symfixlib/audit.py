@@ -104,7 +104,7 @@ class Overlay:
         root = self.tmp / f"overlay-{self.n}"
         scratch = self.tmp / f"apply-{self.n}"
         build.write_tree(scratch, self.base)
-        for p in sorted(patches, key=self.series.patches.index):
+        for p in sorted(patches, key=self.series.wheel_patches.index):
             if build.git_apply(p, scratch):
                 return None
         changed = {c.path for p in patches for c in p.changes}
@@ -147,7 +147,7 @@ def candidates(series: Series, failure: dict, have: set[str]) -> list[tuple[Patc
     frames = [f for f in reversed(failure.get("torch_frames") or [])]
     in_hunk, in_file = [], []
     for fr in frames:
-        for p in series.patches:
+        for p in series.wheel_patches:
             fix = series.fix_for(p)
             if fix.id in have:
                 continue
@@ -213,7 +213,7 @@ class Search:
         deps = []
         root = self.overlay.make(self.applied + [cand])
         if root is None:  # needs an earlier patch's context: try with those patches
-            deps = [p for p in self.series.patches[:self.series.patches.index(cand)]
+            deps = [p for p in self.series.wheel_patches[:self.series.wheel_patches.index(cand)]
                     if p not in self.applied and {c.path for c in p.changes}
                     & {c.path for c in cand.changes}]
             root = self.overlay.make(self.applied + deps + [cand])
@@ -264,7 +264,7 @@ def audit(series: Series, target: str, python: Path, repro_dir: Path, tests: boo
             if trial is None:
                 # No frame in a patch's hunks or files (Dynamo re-raised it, say): does the
                 # rest of the series get past it at all? Then find the one patch that does.
-                rest = [p for p in series.patches
+                rest = [p for p in series.wheel_patches
                         if p not in applied and series.fix_for(p).id not in done]
                 root = overlay.make(applied + rest) if rest else None
                 if root is not None and not same(fatal(run_engine(python, target, root)), fail):
