@@ -84,17 +84,20 @@ def _find_links() -> list[Path]:
     return [Path(p) for p in os.environ.get("PIP_FIND_LINKS", "").split() if Path(p).is_dir()]
 
 
-def known_wheel_names(series: Series, variant: str, wanted: list[tags.Tag]) -> list[str]:
-    """Known wheels of ``variant`` installable with interpreter tags ``wanted``, best first."""
+def known_wheel_names(series: Series, variant: str, wanted: list[tags.Tag],
+                      names=None) -> list[str]:
+    """Wheels of the base release and ``variant`` installable with interpreter tags ``wanted``,
+    best first: among ``names`` (default: the known wheels)."""
     label = series.base["variants"][variant]["label"]
     rank = {t: i for i, t in enumerate(wanted)}
-    names = []
-    for name in series.base.get("known-wheels", {}):
+    found = []
+    for name in series.base.get("known-wheels", {}) if names is None else names:
         _, version, _, wtags = parse_wheel_filename(name)
         best = min((rank[t] for t in wtags if t in rank), default=None)
-        if best is not None and (version.local or "") == label:
-            names.append((best, name))
-    return [name for _, name in sorted(names)]
+        if (best is not None and version.public == series.base["version"]
+                and (version.local or "") == label):
+            found.append((best, name))
+    return [name for _, name in sorted(found)]
 
 
 def fetch(series: Series, cache: Path, variant: str | None = None, python: str | None = None
@@ -124,20 +127,13 @@ def fetch(series: Series, cache: Path, variant: str | None = None, python: str |
         env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
         proc = subprocess.run(cmd, capture_output=True, text=True,
                               env={**env, "PIP_CONFIG_FILE": os.devnull})
-        got = sorted(w for w in cache.glob("torch-*.whl") if _installs(w, wanted, series, name))
+        got = known_wheel_names(series, name, wanted, [w.name for w in cache.glob("torch-*.whl")])
         if proc.returncode == 0 and got:
-            return got[0]
+            return cache / got[0]
         err = (proc.stderr.strip().splitlines() or ["no wheel"])[-1]
         reasons.append(f"{name} ({row['index']}): {err}")
     raise Refused(f"no torch {series.base['version']} wheel for {wanted[0]}: "
                   + "; ".join(reasons))
-
-
-def _installs(wheel: Path, wanted: list[tags.Tag], series: Series, variant: str) -> bool:
-    _, version, _, wtags = parse_wheel_filename(wheel.name)
-    label = series.base["variants"][variant]["label"]
-    return (version.public == series.base["version"] and (version.local or "") == label
-            and bool(set(wtags) & set(wanted)))
 
 
 # -- verifying it ---------------------------------------------------------------------------------
