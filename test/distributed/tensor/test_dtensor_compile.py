@@ -10,11 +10,13 @@ import torch._dynamo
 import torch.distributed as dist
 from torch._dynamo.decorators import mark_unbacked
 from torch._dynamo.testing import CompileCounterWithBackend
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
 from torch.distributed.tensor._utils import compute_global_tensor_info
 from torch.distributed.tensor.placement_types import _StridedShard
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.testing._internal.common_utils import run_tests, TestCase
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -639,6 +641,106 @@ class TestDTensorStridedShardCompiledBoundary(TestCase):
                 self.assertEqual(back._spec.shard_order, spec.shard_order)
 
 
+class TestDTensorStridedShardUnbacked(TestCase):
+    """
+    Sequence-sharded activations [B, S, D] (Shard(1)) with an unbacked batch
+    flattened to tokens: the view gives _StridedShard(0, split_factor=B). The
+    view rule refused a symbolic split factor without a hint override
+    ("Cannot propagate strict view sharding through a symbolic _StridedShard
+    split_factor ..."); with one, _StridedShard pinned B to its hint through a
+    deferred assert Eq(u0, hint) that make_fx never inserts (a silently
+    specialized graph), and full_tensor() unrolled a loop over the hint and
+    left pending unbacked symbols (symfix 0019). Fake process group, world
+    size 2, unless said otherwise.
+    """
+
+    world_size = 2
+
+    def setUp(self):
+        super().setUp()
+        dist.init_process_group(
+            "fake", store=FakeStore(), rank=0, world_size=self.world_size
+        )
+        self.mesh = init_device_mesh("cpu", (self.world_size,))
+        self.shape_env = ShapeEnv()
+        self.fake_mode = FakeTensorMode(shape_env=self.shape_env)
+
+    def tearDown(self):
+        dist.destroy_process_group()
+        super().tearDown()
+
+    def _tokens(self, batch_hint=None):
+        # [u0, u1, 8] local (global [u0, 2*u1, 8]) flattened to [2*u0*u1, 8]
+        with self.fake_mode:
+            batch = self.shape_env.create_unbacked_symint()
+            seq = self.shape_env.create_unbacked_symint()
+            torch._check(batch >= 1)
+            torch._check(seq >= 1)
+            if batch_hint is not None:
+                self.shape_env.var_to_hint_override[batch.node.expr] = batch_hint
+            local = torch.empty(batch, seq, 8)
+            x = DTensor.from_local(local, self.mesh, [Shard(1)], run_check=False)
+            return batch, seq, x.reshape(-1, 8)
+
+    def _asserts(self):
+        return [
+            str(ra.expr)
+            for ras in self.shape_env.deferred_runtime_asserts.values()
+            for ra in ras
+        ]
+
+    def test_flatten_keeps_symbolic_split_factor(self):
+        batch, seq, tokens = self._tokens()
+        self.assertEqual(tokens.placements, (_StridedShard(0, split_factor=batch),))
+        self.assertEqual(tokens.placements[0].split_factor.node.expr, batch.node.expr)
+        self.assertEqual(tokens.shape, (2 * batch * seq, 8))
+        self.assertEqual(tokens.to_local().shape, (batch * seq, 8))
+        self.assertEqual(sorted(self._asserts()), ["1 <= u0", "1 <= u1"])
+
+    def test_batch_hint_is_policy_not_a_fact(self):
+        batch, _, tokens = self._tokens(batch_hint=3)
+        self.assertEqual(tokens.placements[0].split_factor.node.expr, batch.node.expr)
+        # nothing ties the batch to its hint
+        self.assertEqual(sorted(self._asserts()), ["1 <= u0", "1 <= u1"])
+
+    def test_full_tensor(self):
+        batch, seq, tokens = self._tokens()
+        pending = list(self.shape_env.pending_fresh_unbacked_symbols)  # u0, u1
+        with self.fake_mode:
+            full = tokens.sin().full_tensor()
+        self.assertEqual(full.shape, (2 * batch * seq, 8))
+        # no data-dependent sizes of its own
+        self.assertEqual(self.shape_env.pending_fresh_unbacked_symbols, pending)
+        self.assertEqual(sorted(self._asserts()), ["1 <= u0", "1 <= u1"])
+
+    def test_full_tensor_matches_eager_on_gloo(self):
+        # real collectives: one compile over unbacked batch and sequence,
+        # values and gradients against eager for three shapes
+        _run_gloo_ranks(self, "strided_shard_tokens", self.world_size)
+
+    # Guards: static sizes keep the concrete split factor and its checks.
+
+    def test_static_flatten_keeps_int_split_factor(self):
+        local = torch.randn(3, 4, 8)
+        x = DTensor.from_local(local, self.mesh, [Shard(1)], run_check=False)
+        placement = x.reshape(-1, 8).placements[0]
+        self.assertEqual(placement, _StridedShard(0, split_factor=3))
+        self.assertIs(type(placement.split_factor), int)
+        self.assertEqual(placement._split_factor_int(), 3)
+
+    def test_static_uneven_flatten_on_2d_mesh_refused(self):
+        dist.destroy_process_group()
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+        mesh = init_device_mesh("cpu", (2, 2))
+        # global [2, 3, 4]: dim 1 unevenly sharded, dim 2 sharded after it
+        x = DTensor.from_local(
+            torch.randn(2, 2, 2), mesh, [Shard(1), Shard(2)], run_check=False,
+            shape=(2, 3, 4), stride=(12, 4, 1),
+        )
+        with self.assertRaisesRegex(RuntimeError, "unevenly"):
+            x.view(-1)
+
+
 def _partial_sum_step(x):
     # all-reduce in forward (Partial -> Replicate); both to_local() calls
     # take the default same-placement backward
@@ -749,9 +851,49 @@ def _gloo_uneven_rank_main(rank, world_size, init_file):
         dist.destroy_process_group()
 
 
+def _tokens_full_step(local, mesh):
+    x = DTensor.from_local(local, mesh, [Shard(1)], run_check=False)
+    return x.reshape(-1, x.shape[-1]).sin().full_tensor()
+
+
+def _gloo_strided_shard_rank_main(rank, world_size, init_file):
+    # one rank of TestDTensorStridedShardUnbacked.test_full_tensor_matches_eager_on_gloo
+    from torch.testing import assert_close
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size
+    )
+    try:
+        mesh = init_device_mesh("cpu", (world_size,))
+        cnt = CompileCounterWithBackend("aot_eager")
+        fn = torch.compile(_tokens_full_step, backend=cnt, fullgraph=True)
+        for batch, seq in ((3, 8), (1, 4), (5, 6)):
+            torch.manual_seed(batch * 100 + seq)
+            whole = torch.randn(batch, seq, 4)
+            local = whole.chunk(world_size, dim=1)[rank].clone(
+                memory_format=torch.contiguous_format
+            )
+            x_eager = local.clone().requires_grad_()
+            x = local.clone().requires_grad_()
+            mark_unbacked(x, 0)
+            mark_unbacked(x, 1)
+            out = fn(x, mesh)
+            out_eager = _tokens_full_step(x_eager, mesh)
+            assert_close(out, whole.reshape(-1, 4).sin())
+            assert_close(out, out_eager)
+            weights = torch.arange(out.numel(), dtype=out.dtype).view_as(out)
+            (out * weights).sum().backward()
+            (out_eager * weights).sum().backward()
+            assert_close(x.grad, x_eager.grad)
+        assert cnt.frame_count == 1, cnt.frame_count
+    finally:
+        dist.destroy_process_group()
+
+
 _GLOO_RANK_MAINS = {
     "partial_sum": _gloo_rank_main,
     "uneven_seq_shard": _gloo_uneven_rank_main,
+    "strided_shard_tokens": _gloo_strided_shard_rank_main,
 }
 
 
