@@ -31,6 +31,16 @@ NEEDS_GB = {"upstream": 7.0}
 DEFAULT_NEED_GB = 2.0
 
 
+READ_VERSION = """
+import importlib.util, pathlib, sysconfig
+path = pathlib.Path(sysconfig.get_paths()["purelib"], "torch", "version.py")
+spec = importlib.util.spec_from_file_location("torch_version", path)
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+print(module.__version__)
+"""
+
+
 class EnvError(Exception):
     pass
 
@@ -108,11 +118,12 @@ def ensure(role: str, torch_spec: str, key: str, link: Path | None = None,
                 if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode:
                     tail = "".join(log.read_text().splitlines(True)[-5:])
                     raise EnvError(f"{role}: `{' '.join(cmd[:3])} …` failed; see {log}\n{tail}")
-        version = subprocess.run(
-            [str(python_of(target)), "-c", "import torch; print(torch.__version__)"],
-            capture_output=True, text=True).stdout.strip()
+        # torch.__version__ from the installed torch/version.py alone: `import torch` would take
+        # longer than the install itself (seconds; more for a CUDA build).
+        version = subprocess.run([str(python_of(target)), "-c", READ_VERSION],
+                                 capture_output=True, text=True).stdout.strip()
         if not version:
-            raise EnvError(f"{role}: torch does not import in {target}; see {log}")
+            raise EnvError(f"{role}: no torch/version.py installed in {target}; see {log}")
         (target / MARKER).write_text(json.dumps({**want, "torch_version": version}, indent=1))
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
