@@ -34,6 +34,7 @@ def _bootstrap() -> None:
         import uv  # noqa: F401
         import wheel  # noqa: F401
 
+        os.environ.pop("SYMFIX_BOOTSTRAPPED", None)  # a symfix.py this one runs starts afresh
         return
     except ImportError:
         pass
