@@ -713,6 +713,25 @@ class TestDTensorStridedShardUnbacked(TestCase):
         self.assertEqual(self.shape_env.pending_fresh_unbacked_symbols, pending)
         self.assertEqual(sorted(self._asserts()), ["1 <= u0", "1 <= u1"])
 
+    def test_uneven_sequence_with_hints_on_4_ranks(self):
+        # global sequence u2 (not a multiple of 4), hints on all sizes: the
+        # evenness check guarded on Ne(Mod(u2, 4), 0), the batch was pinned
+        dist.destroy_process_group()
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+        mesh = init_device_mesh("cpu", (4,))
+        with self.fake_mode:
+            batch, seq, total = (self.shape_env.create_unbacked_symint() for _ in range(3))
+            for size, hint in ((batch, 3), (seq, 5), (total, 17)):
+                torch._check(size >= 1)
+                self.shape_env.var_to_hint_override[size.node.expr] = hint
+            x = DTensor.from_local(
+                torch.empty(batch, seq, 8), mesh, [Shard(1)], run_check=False,
+                shape=(batch, total, 8), stride=(total * 8, 8, 1),
+            )
+            full = x.reshape(-1, 8).full_tensor()
+        self.assertEqual(full.shape, (batch * total, 8))
+        self.assertNotIn("Eq(u0, 3)", self._asserts())
+
     def test_full_tensor_matches_eager_on_gloo(self):
         # real collectives: one compile over unbacked batch and sequence,
         # values and gradients against eager for three shapes
@@ -851,9 +870,14 @@ def _gloo_uneven_rank_main(rank, world_size, init_file):
         dist.destroy_process_group()
 
 
-def _tokens_full_step(local, mesh):
-    x = DTensor.from_local(local, mesh, [Shard(1)], run_check=False)
-    return x.reshape(-1, x.shape[-1]).sin().full_tensor()
+def _tokens_full_step(local, seq, mesh):
+    # seq: a tensor as long as the global sequence, which may be sharded unevenly
+    batch, _, dim = local.shape
+    x = DTensor.from_local(
+        local, mesh, [Shard(1)], run_check=False,
+        shape=(batch, seq.shape[0], dim), stride=(seq.shape[0] * dim, dim, 1),
+    )
+    return x.reshape(-1, dim).sin().full_tensor()
 
 
 def _gloo_strided_shard_rank_main(rank, world_size, init_file):
@@ -867,7 +891,7 @@ def _gloo_strided_shard_rank_main(rank, world_size, init_file):
         mesh = init_device_mesh("cpu", (world_size,))
         cnt = CompileCounterWithBackend("aot_eager")
         fn = torch.compile(_tokens_full_step, backend=cnt, fullgraph=True)
-        for batch, seq in ((3, 8), (1, 4), (5, 6)):
+        for batch, seq in ((3, 8), (1, 4), (5, 6), (2, 5), (3, 7)):  # even, uneven
             torch.manual_seed(batch * 100 + seq)
             whole = torch.randn(batch, seq, 4)
             local = whole.chunk(world_size, dim=1)[rank].clone(
@@ -875,10 +899,12 @@ def _gloo_strided_shard_rank_main(rank, world_size, init_file):
             )
             x_eager = local.clone().requires_grad_()
             x = local.clone().requires_grad_()
+            seq_len = torch.empty(seq)
             mark_unbacked(x, 0)
             mark_unbacked(x, 1)
-            out = fn(x, mesh)
-            out_eager = _tokens_full_step(x_eager, mesh)
+            mark_unbacked(seq_len, 0)
+            out = fn(x, seq_len, mesh)
+            out_eager = _tokens_full_step(x_eager, torch.empty(seq), mesh)
             assert_close(out, whole.reshape(-1, 4).sin())
             assert_close(out, out_eager)
             weights = torch.arange(out.numel(), dtype=out.dtype).view_as(out)
