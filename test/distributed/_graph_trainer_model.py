@@ -23,10 +23,10 @@ else is the same model:
 """
 
 import contextlib
+import datetime
 import json
 import math
 import os
-import socket
 import tempfile
 import traceback
 import warnings
@@ -593,10 +593,15 @@ def raw_symint_warning_is_error():
 # ---------------------------------------------------------------------------
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def init_gloo(rank, world, init_file):
+    # File rendezvous in the run's own temporary directory: a free TCP port picked
+    # beforehand can be taken by a run beside this one (EADDRINUSE, and the other
+    # rank then waits for its peer). A rank that fails lets the other give up in
+    # minutes, not after the default half hour.
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+        timeout=datetime.timedelta(minutes=10),
+    )
 
 
 def _max_diff(a, b):
@@ -698,7 +703,7 @@ def block_mask_record(gm):
     }
 
 
-def _worker(rank, world, port, out_dir, variants, shapes, hint, beyond_upstream=False):
+def _worker(rank, world, out_dir, variants, shapes, hint, beyond_upstream=False):
     out = {
         "rank": rank,
         "torch": torch.__version__,
@@ -706,11 +711,9 @@ def _worker(rank, world, port, out_dir, variants, shapes, hint, beyond_upstream=
         "variants": {},
     }
     try:
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(port)
         torch.set_num_threads(1)
         with stage("init gloo process group"):
-            dist.init_process_group("gloo", rank=rank, world_size=world)
+            init_gloo(rank, world, os.path.join(out_dir, "store"))
             mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (world,))
         for attn in variants:
             try:
@@ -744,7 +747,6 @@ def run_workload(
             _worker,
             args=(
                 world,
-                _free_port(),
                 d,
                 tuple(variants),
                 [tuple(s) for s in shapes],

@@ -179,12 +179,10 @@ def _large(mesh, rank, args, res):
                step_overhead_unbacked_vs_static_large_cpu=uc / sc)
 
 
-def _bench(rank, world, port, args, out_path):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+def _bench(rank, world, args, out_path):
     if world > 1 or args.threads:
         torch.set_num_threads(args.threads or 1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    M.init_gloo(rank, world, out_path + ".store")
     mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (world,))
     res = {
         "torch": torch.__version__,
@@ -288,12 +286,11 @@ def main():
 
     with tempfile.TemporaryDirectory() as d:
         out_path = os.path.join(d, "bench.json")
-        port = M._free_port()
         if args.world == 1:
-            _bench(0, 1, port, args, out_path)
+            _bench(0, 1, args, out_path)
         else:
             mp.start_processes(
-                _bench, args=(args.world, port, args, out_path), nprocs=args.world,
+                _bench, args=(args.world, args, out_path), nprocs=args.world,
                 join=True, start_method="spawn",
             )
         with open(out_path) as f:
