@@ -589,7 +589,7 @@ def raw_symint_warning_is_error():
 
 
 # ---------------------------------------------------------------------------
-# The spawned 2-rank run (gloo on localhost)
+# The spawned 2-rank run (gloo, file rendezvous)
 # ---------------------------------------------------------------------------
 
 
