@@ -42,11 +42,8 @@ class TestFlexAttentionOuterUnbackedSeqLen(TestCase):
         super().tearDown()
 
     def test_block_mask_seq_lengths_from_outer_unbacked_symint(self):
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.fx.experimental.proxy_tensor import make_fx
         from torch.fx.experimental.symbolic_shapes import (
             free_unbacked_symbols,
-            ShapeEnv,
             statically_known_true,
         )
         from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -70,16 +67,7 @@ class TestFlexAttentionOuterUnbackedSeqLen(TestCase):
             seen.append((seq, a.shape, b.shape))
             return a + b
 
-        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
-        args = [fake_mode.from_tensor(a) for a in (torch.tensor(5), torch.ones(8))]
-        with (
-            torch._dynamo.config.patch(force_compile_during_fx_trace=True),
-            torch.compiler._non_strict_tracing_context(),
-            fake_mode,
-        ):
-            gm = make_fx(
-                outer, tracing_mode="real", _disable_torch_fn_metadata_mode=True
-            )(*args)
+        gm = _trace_non_strict(outer, torch.tensor(5), torch.ones(8))
 
         ((seq, a_shape, b_shape),) = seen
         self.assertTrue(free_unbacked_symbols(seq))
@@ -268,6 +256,21 @@ def _trace_under_fake_mode(fn, *real_args):
         return make_fx(fn, tracing_mode="real")(*args)
 
 
+def _trace_non_strict(fn, *real_args):
+    # The same capture under non-strict tracing, with torch.compile'd regions
+    # (the flex_attention HOP wrapper) compiled while tracing.
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+    args = [fake_mode.from_tensor(a) for a in real_args]
+    with (
+        torch._dynamo.config.patch(force_compile_during_fx_trace=True),
+        torch.compiler._non_strict_tracing_context(),
+        fake_mode,
+    ):
+        return make_fx(fn, tracing_mode="real", _disable_torch_fn_metadata_mode=True)(
+            *args
+        )
+
+
 def _causal(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
@@ -430,16 +433,7 @@ class TestFlexAttentionBlockMaskInTracedStep(TestCase):
             return flex_attention(q, q * 2, q + 1, block_mask=bm)
 
         x = torch.randn(1024, 8)
-        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
-        args = [fake_mode.from_tensor(a) for a in (torch.tensor(200), x)]
-        with (
-            torch._dynamo.config.patch(force_compile_during_fx_trace=True),
-            torch.compiler._non_strict_tracing_context(),
-            fake_mode,
-        ):
-            gm = make_fx(step, tracing_mode="real", _disable_torch_fn_metadata_mode=True)(
-                *args
-            )
+        gm = _trace_non_strict(step, torch.tensor(200), x)
         self.assertEqual(
             len(gm.graph.find_nodes(op="call_function", target=flex_attention_hop)), 1
         )
@@ -469,16 +463,7 @@ class TestFlexAttentionBlockMaskInTracedStep(TestCase):
             return flex_attention(xq[:, :, :q_len], k, k * 2, block_mask=bm)
 
         xq, xkv = torch.randn(1, 2, 16, 8), torch.randn(1, 2, 4096, 8)
-        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
-        args = [fake_mode.from_tensor(a) for a in (torch.tensor(4), torch.tensor(2000), xq, xkv)]
-        with (
-            torch._dynamo.config.patch(force_compile_during_fx_trace=True),
-            torch.compiler._non_strict_tracing_context(),
-            fake_mode,
-        ):
-            gm = make_fx(step, tracing_mode="real", _disable_torch_fn_metadata_mode=True)(
-                *args
-            )
+        gm = _trace_non_strict(step, torch.tensor(4), torch.tensor(2000), xq, xkv)
         for q_len, kv_len in ((1, 1000), (7, 2048), (16, 3000), (16, 16)):
             real = (torch.tensor(q_len), torch.tensor(kv_len), xq, xkv)
             self.assertEqual(gm(*real), step(*real))
@@ -650,18 +635,6 @@ class TestFlexAttentionDecodeBlockMaskInTracedStep(TestCase):
 
         return create_block_mask(decode_causal, None, None, q_len, kv_len, device="cpu")
 
-    def _trace(self, step, *real_args):
-        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
-        args = [fake_mode.from_tensor(a) for a in real_args]
-        with (
-            torch._dynamo.config.patch(force_compile_during_fx_trace=True),
-            torch.compiler._non_strict_tracing_context(),
-            fake_mode,
-        ):
-            return make_fx(step, tracing_mode="real", _disable_torch_fn_metadata_mode=True)(
-                *args
-            )
-
     SHAPES = ((1, 1000), (16, 4096), (5, 2049), (1, 1), (16, 16))
 
     # Proof tests: stock 2.13.0 and 2.15.0 fail in the in-graph padding
@@ -673,7 +646,7 @@ class TestFlexAttentionDecodeBlockMaskInTracedStep(TestCase):
             bm = self._block_mask(*self._lengths(lens))
             return bm.kv_num_blocks, bm.kv_indices, bm.q_num_blocks, bm.q_indices
 
-        gm = self._trace(step, torch.tensor([4, 2000]))
+        gm = _trace_non_strict(step, torch.tensor([4, 2000]))
         for q_len, kv_len in self.SHAPES:
             lens = torch.tensor([q_len, kv_len])
             num, idx, q_num, q_idx = gm(lens)
@@ -719,7 +692,7 @@ class TestFlexAttentionDecodeBlockMaskInTracedStep(TestCase):
 
         q_src = torch.randn(self.MAX_Q, 8)
         kv_src = torch.randn(self.MAX_KV, 8)
-        gm = self._trace(step, torch.tensor([4, 2000]), q_src, kv_src)
+        gm = _trace_non_strict(step, torch.tensor([4, 2000]), q_src, kv_src)
         self.assertEqual(
             len(gm.graph.find_nodes(op="call_function", target=flex_attention_hop)), 1
         )

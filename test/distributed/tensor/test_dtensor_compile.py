@@ -1,4 +1,6 @@
 # Owner(s): ["oncall: distributed"]
+import contextlib
+import math
 import os
 import subprocess
 import sys
@@ -669,15 +671,30 @@ class TestDTensorStridedShardUnbacked(TestCase):
         dist.destroy_process_group()
         super().tearDown()
 
+    def _unbacked(self, *hints):
+        # one unbacked size >= 1 per hint; a hint (not None) is a hint override
+        sizes = []
+        with self.fake_mode:
+            for hint in hints:
+                size = self.shape_env.create_unbacked_symint()
+                torch._check(size >= 1)
+                if hint is not None:
+                    self.shape_env.var_to_hint_override[size.node.expr] = hint
+                sizes.append(size)
+        return sizes
+
+    def _fake_world(self, mesh_shape):
+        # the fake process group again, as many ranks as mesh_shape holds
+        dist.destroy_process_group()
+        dist.init_process_group(
+            "fake", store=FakeStore(), rank=0, world_size=math.prod(mesh_shape)
+        )
+        return init_device_mesh("cpu", mesh_shape)
+
     def _tokens(self, batch_hint=None):
         # [u0, u1, 8] local (global [u0, 2*u1, 8]) flattened to [2*u0*u1, 8]
+        batch, seq = self._unbacked(batch_hint, None)
         with self.fake_mode:
-            batch = self.shape_env.create_unbacked_symint()
-            seq = self.shape_env.create_unbacked_symint()
-            torch._check(batch >= 1)
-            torch._check(seq >= 1)
-            if batch_hint is not None:
-                self.shape_env.var_to_hint_override[batch.node.expr] = batch_hint
             local = torch.empty(batch, seq, 8)
             x = DTensor.from_local(local, self.mesh, [Shard(1)], run_check=False)
             return batch, seq, x.reshape(-1, 8)
@@ -716,14 +733,9 @@ class TestDTensorStridedShardUnbacked(TestCase):
     def test_uneven_sequence_with_hints_on_4_ranks(self):
         # global sequence u2 (not a multiple of 4), hints on all sizes: the
         # evenness check guarded on Ne(Mod(u2, 4), 0), the batch was pinned
-        dist.destroy_process_group()
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
-        mesh = init_device_mesh("cpu", (4,))
+        mesh = self._fake_world((4,))
+        batch, seq, total = self._unbacked(3, 5, 17)
         with self.fake_mode:
-            batch, seq, total = (self.shape_env.create_unbacked_symint() for _ in range(3))
-            for size, hint in ((batch, 3), (seq, 5), (total, 17)):
-                torch._check(size >= 1)
-                self.shape_env.var_to_hint_override[size.node.expr] = hint
             x = DTensor.from_local(
                 torch.empty(batch, seq, 8), mesh, [Shard(1)], run_check=False,
                 shape=(batch, total, 8), stride=(total * 8, 8, 1),
@@ -734,7 +746,8 @@ class TestDTensorStridedShardUnbacked(TestCase):
 
     def test_full_tensor_matches_eager_on_gloo(self):
         # real collectives: one compile over unbacked batch and sequence,
-        # values and gradients against eager for three shapes
+        # values and gradients against eager for five shapes, sequences
+        # sharded evenly and unevenly
         _run_gloo_ranks(self, "strided_shard_tokens", self.world_size)
 
     # Guards: static sizes keep the concrete split factor and its checks.
@@ -748,9 +761,7 @@ class TestDTensorStridedShardUnbacked(TestCase):
         self.assertEqual(placement._split_factor_int(), 3)
 
     def test_static_uneven_flatten_on_2d_mesh_refused(self):
-        dist.destroy_process_group()
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
-        mesh = init_device_mesh("cpu", (2, 2))
+        mesh = self._fake_world((2, 2))
         # global [2, 3, 4]: dim 1 unevenly sharded, dim 2 sharded after it
         x = DTensor.from_local(
             torch.randn(2, 2, 2), mesh, [Shard(1), Shard(2)], run_check=False,
@@ -773,16 +784,24 @@ def _partial_sum_step(x):
     return summed * local
 
 
+@contextlib.contextmanager
+def _gloo_mesh(rank, world_size, init_file):
+    # a 1-D mesh over world_size gloo ranks, for one rank's process
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size
+    )
+    try:
+        yield init_device_mesh("cpu", (world_size,))
+    finally:
+        dist.destroy_process_group()
+
+
 def _gloo_rank_main(rank, world_size, init_file):
     # one rank of TestDTensorToLocalBackwardSymbolicGloo, run in its own
     # process: compiled (unbacked local dims) vs. eager with real collectives
     from torch.testing import assert_close
 
-    dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size
-    )
-    try:
-        mesh = init_device_mesh("cpu", (world_size,))
+    with _gloo_mesh(rank, world_size, init_file) as mesh:
         torch.manual_seed(rank)
         local = torch.randn(3, 4)
 
@@ -810,8 +829,6 @@ def _gloo_rank_main(rank, world_size, init_file):
             torch.manual_seed(r)
             summed += torch.randn(3, 4).sin()
         assert_close(grad.to_local(), summed + local.cos() * local)
-    finally:
-        dist.destroy_process_group()
 
 
 def _seq_sum_step(x):
@@ -835,11 +852,7 @@ def _gloo_uneven_rank_main(rank, world_size, init_file):
     # compiled once, against eager with real collectives
     from torch.testing import assert_close
 
-    dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size
-    )
-    try:
-        mesh = init_device_mesh("cpu", (world_size,))
+    with _gloo_mesh(rank, world_size, init_file) as mesh:
         cnt = CompileCounterWithBackend("aot_eager")
         fn = torch.compile(_seq_sum_step, backend=cnt, fullgraph=True)
         for global_len in (7, 8, 5, 10):
@@ -866,8 +879,6 @@ def _gloo_uneven_rank_main(rank, world_size, init_file):
             assert_close(grad.to_local(), grad_eager.to_local())
             assert_close(x.grad.to_local(), x_eager.grad.to_local())
         assert cnt.frame_count == 1, cnt.frame_count
-    finally:
-        dist.destroy_process_group()
 
 
 def _tokens_full_step(local, seq, mesh):
@@ -884,11 +895,7 @@ def _gloo_strided_shard_rank_main(rank, world_size, init_file):
     # one rank of TestDTensorStridedShardUnbacked.test_full_tensor_matches_eager_on_gloo
     from torch.testing import assert_close
 
-    dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size
-    )
-    try:
-        mesh = init_device_mesh("cpu", (world_size,))
+    with _gloo_mesh(rank, world_size, init_file) as mesh:
         cnt = CompileCounterWithBackend("aot_eager")
         fn = torch.compile(_tokens_full_step, backend=cnt, fullgraph=True)
         for batch, seq in ((3, 8), (1, 4), (5, 6), (2, 5), (3, 7)):  # even, uneven
@@ -912,8 +919,6 @@ def _gloo_strided_shard_rank_main(rank, world_size, init_file):
             (out_eager * weights).sum().backward()
             assert_close(x.grad, x_eager.grad)
         assert cnt.frame_count == 1, cnt.frame_count
-    finally:
-        dist.destroy_process_group()
 
 
 _GLOO_RANK_MAINS = {
