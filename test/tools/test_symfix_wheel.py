@@ -16,6 +16,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from unittest import mock
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -28,7 +29,7 @@ from wheel.wheelfile import WheelFile
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from symfixlib import basewheel, build, series  # noqa: E402
+from symfixlib import basewheel, build, cli, envs, series  # noqa: E402
 from symfixlib.series import git_blob_id  # noqa: E402
 
 SERIES = series.load()
@@ -314,6 +315,56 @@ class TestBuild(TestCase):
         stamped = Version(build.stamped_version(base, f"symfix{n}"))
         self.assertEqual(stamped.public, "2.13.0")
         self.assertEqual(stamped.local, ".".join(filter(None, [local, f"symfix{n}"])))
+
+
+class TestEnvironmentRoom(TestCase):
+    """An environment asks the disk only for what uv must fetch or unpack: its cache holds the rest
+    and uv hardlinks it (a CI machine with 7.6 GB free was refused a cached CUDA environment)."""
+
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="symfix-test-"))
+        self.addCleanup(shutil.rmtree, self.tmp)
+        subprocess.run([envs.uv(), "venv", "-q", str(self.tmp / "venv")], check=True)
+        self.python = envs.python_of(self.tmp / "venv")
+
+    def test_cached_environment_needs_only_the_margin(self):
+        # the stock environment of this run holds the base wheel and the test requirements
+        need = envs.room_needed(self.python, [str(real_base_wheel()), *envs.test_requirements()],
+                                cold_gb=7.0)
+        self.assertEqual(need, envs.MARGIN_GB)
+
+    def test_new_local_wheel_needs_its_unpacked_size(self):
+        wheel = make_wheel(self.tmp / MINI, mini_files())
+        with zipfile.ZipFile(wheel) as zf:
+            unpacked = sum(i.file_size for i in zf.infolist()) / 1e9
+        need = envs.room_needed(self.python, [str(wheel)], cold_gb=7.0)
+        self.assertAlmostEqual(need, unpacked + envs.MARGIN_GB)
+
+    def test_what_must_be_downloaded_needs_the_cold_estimate(self):
+        self.assertEqual(envs.room_needed(self.python, ["sympy==1.0"], cold_gb=7.0), 7.0)
+
+    def test_no_room_installs_nothing(self):
+        link = self.tmp / "patched"
+        with mock.patch.object(envs, "ENVS", self.tmp / "envs"), \
+                mock.patch.object(envs, "LOGS", self.tmp / "logs"), \
+                mock.patch.object(envs, "free_gb", return_value=0.1):
+            with self.assertRaisesRegex(envs.NoRoom, r"^patched: 0.1 GB free, its environment "
+                                                     r"needs 0.5 GB$"):
+                envs.ensure("patched", str(real_base_wheel()), "key", link)
+        self.assertFalse(link.exists() or link.is_symlink())
+        self.assertEqual(list((self.tmp / "envs").iterdir()), [])
+
+    def test_test_skips_loudly_only_when_asked(self):
+        no_room = envs.NoRoom("stock: 0.1 GB free, its environment needs 7.0 GB")
+        with mock.patch.object(envs, "ensure", side_effect=no_room), \
+                mock.patch("sys.stdout") as out, mock.patch("sys.stderr") as err:
+            asked = cli.main(["test", "--matrix-only", "--skip-if-no-room"])
+            not_asked = cli.main(["test", "--matrix-only"])
+        printed = "".join(c.args[0] for c in out.write.call_args_list)
+        self.assertEqual(asked, 0)
+        self.assertIn(f"!!! SKIPPED these tests: {no_room} !!!", printed)
+        self.assertEqual(not_asked, 1)
+        self.assertIn(f"symfix: {no_room}\n", "".join(c.args[0] for c in err.write.call_args_list))
 
 
 class TestRealWheel(TestCase):

@@ -15,10 +15,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 from .series import ROOT
@@ -26,9 +28,11 @@ from .series import ROOT
 ENVS = ROOT / ".symfix" / "envs"
 LOGS = ROOT / ".symfix" / "logs"
 MARKER = "symfix-env.json"
-# Disk an environment needs, in GB: the CPU torch is about 1 GB installed, a CUDA build 5.5 GB.
+# Disk a cold environment needs, in GB (nothing in uv's cache): the CPU torch is about 1 GB
+# installed, a CUDA build 5.5 GB with its CUDA libraries.
 NEEDS_GB = {"upstream": 7.0}
 DEFAULT_NEED_GB = 2.0
+MARGIN_GB = 0.5
 
 
 READ_VERSION = """
@@ -45,6 +49,10 @@ class EnvError(Exception):
     pass
 
 
+class NoRoom(EnvError):
+    """The disk cannot hold the environment: nothing was installed."""
+
+
 def test_requirements() -> list[str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     return project["dependencies"] + project["optional-dependencies"]["test"]
@@ -58,9 +66,26 @@ def free_gb(path: Path = ROOT) -> float:
     return shutil.disk_usage(path).free / 1e9
 
 
-def has_room(need: float) -> tuple[bool, float, float]:
-    free = free_gb()
-    return free >= need, free, need
+def room_needed(python: Path, specs: list[str], cold_gb: float) -> float:
+    """GB the install of ``specs`` into ``python``'s environment will add to the disk.
+
+    uv hardlinks what its cache holds, so only what it must fetch or unpack takes room. A dry run
+    without the network says whether the cache holds everything but the local wheels: then the
+    need is their unpacked size; otherwise the whole cold estimate ``cold_gb``.
+    """
+    wheels = [Path(s) for s in specs if s.endswith(".whl")]
+    dry = subprocess.run([uv(), "pip", "install", "--dry-run", "--offline", "--python", str(python),
+                          *specs], capture_output=True, text=True)
+    fetched = re.search(r"Would download (\d+) package", dry.stderr)
+    if dry.returncode or (fetched and int(fetched[1]) > len(wheels)):
+        return cold_gb
+    if not fetched:  # all in the cache, the local wheels included
+        return MARGIN_GB
+    with_wheels = 0
+    for w in wheels:
+        with zipfile.ZipFile(w) as z:
+            with_wheels += sum(i.file_size for i in z.infolist())
+    return with_wheels / 1e9 + MARGIN_GB
 
 
 def installed(link: Path) -> dict | None:
@@ -98,9 +123,6 @@ def ensure(role: str, torch_spec: str, key: str, link: Path | None = None,
             k: v for k, v in want.items() if k != "torch"}:
         return link
 
-    ok, free, need = has_room(need_gb or NEEDS_GB.get(role, DEFAULT_NEED_GB))
-    if not ok:
-        raise EnvError(f"{role}: {free:.1f} GB free, an environment needs {need:.0f} GB")
     digest = hashlib.sha256(json.dumps(want, sort_keys=True).encode()).hexdigest()[:12]
     target = ENVS / f"{role}-{digest}"
     ENVS.mkdir(parents=True, exist_ok=True)
@@ -108,16 +130,23 @@ def ensure(role: str, torch_spec: str, key: str, link: Path | None = None,
     if target.exists():
         shutil.rmtree(target)  # an earlier, interrupted attempt
     log = LOGS / f"{role}.log"
+    specs = [torch_spec, *reqs]
+
+    def run(cmd: list[str]) -> None:
+        with open(log, "a") as out:
+            out.write(f"$ {' '.join(cmd)}\n")
+            out.flush()
+            if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode:
+                tail = "".join(log.read_text().splitlines(True)[-5:])
+                raise EnvError(f"{role}: `{' '.join(cmd[:3])} …` failed; see {log}\n{tail}")
+
+    log.write_text("")
     try:
-        with open(log, "w") as out:
-            for cmd in ([uv(), "venv", "-q", "--python", python, str(target)],
-                        [uv(), "pip", "install", "-q", "--python", str(python_of(target)),
-                         torch_spec, *reqs]):
-                out.write(f"$ {' '.join(cmd)}\n")
-                out.flush()
-                if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode:
-                    tail = "".join(log.read_text().splitlines(True)[-5:])
-                    raise EnvError(f"{role}: `{' '.join(cmd[:3])} …` failed; see {log}\n{tail}")
+        run([uv(), "venv", "-q", "--python", python, str(target)])
+        need = room_needed(python_of(target), specs, need_gb or NEEDS_GB.get(role, DEFAULT_NEED_GB))
+        if (free := free_gb()) < need:
+            raise NoRoom(f"{role}: {free:.1f} GB free, its environment needs {need:.1f} GB")
+        run([uv(), "pip", "install", "-q", "--python", str(python_of(target)), *specs])
         # torch.__version__ from the installed torch/version.py alone: `import torch` would take
         # longer than the install itself (seconds; more for a CUDA build).
         version = subprocess.run([str(python_of(target)), "-c", READ_VERSION],
@@ -129,9 +158,13 @@ def ensure(role: str, torch_spec: str, key: str, link: Path | None = None,
         shutil.rmtree(target, ignore_errors=True)
         raise
     switch(link, target)
-    for old in ENVS.glob(f"{role}-*"):
-        if old != target:
-            shutil.rmtree(old, ignore_errors=True)
+    replaced = [old for old in ENVS.glob(f"{role}-*") if old != target]
+    for old in replaced:
+        shutil.rmtree(old, ignore_errors=True)
+    if replaced:
+        # uv keys a local wheel by path and time: the build this one replaced (1 GB unpacked)
+        # stays in uv's cache, reachable by nobody, until a prune removes such entries.
+        subprocess.run([uv(), "cache", "prune", "-q"], capture_output=True)
     return link
 
 
