@@ -57,7 +57,9 @@ def timed_run(cmd: list[str], cwd: Path) -> float:
 
 
 def main_job(base: Path, python: str) -> dict[str, float]:
-    """The main job as a user meets it, against ``uv pip install`` of the stock wheel.
+    """The main job as a user meets it, against ``uv pip install`` of the stock wheel with what
+    `wheel` installs beside torch: once a wheel uv has in its cache (hardlinks), once a copy of it
+    at a new path, which uv unpacks first, as it must the new patched wheel of a fresh clone.
 
     ``python``: the interpreter the environments are made for. The clone is of HEAD.
     """
@@ -65,11 +67,18 @@ def main_job(base: Path, python: str) -> dict[str, float]:
         tmp = Path(tmp)
         uv = envs.uv()
         subprocess.run(["git", "clone", "-q", str(ROOT), str(tmp / "clone")], check=True)
+        (tmp / "unseen").mkdir()
+        unseen = shutil.copy2(base, tmp / "unseen" / base.name)
+
+        def uv_install(wheel: Path, venv: Path) -> float:
+            return timed_run([uv, "venv", "-q", "--python", python, str(venv)], tmp) + timed_run(
+                [uv, "pip", "install", "-q", "--python", str(envs.python_of(venv)), str(wheel),
+                 *envs.test_requirements()], tmp)
+
         wheel = ["python3", "tools/symfix.py", "wheel", "--wheel", str(base), "--python", python]
         return {
-            "uv_stock": timed_run([uv, "venv", "-q", "--python", python, str(tmp / "v")], tmp)
-            + timed_run([uv, "pip", "install", "-q", "--python", str(tmp / "v" / "bin" / "python"),
-                         str(base)], tmp),
+            "uv_stock": uv_install(base, tmp / "v"),
+            "uv_stock_unseen": uv_install(unseen, tmp / "v-unseen"),
             "fresh_clone": timed_run(wheel, tmp / "clone"),
             "again": timed_run(wheel, tmp / "clone"),
             "test": timed_run(["python3", "tools/symfix.py", "test", "--wheel", str(base),

@@ -6,8 +6,10 @@ import json
 import os
 import subprocess
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from packaging.version import Version
@@ -25,16 +27,24 @@ class Run:
     summary: str  # pytest's last line
 
 
+# The whole test/ suite runs in shards, so that both cores stay busy to the end beside the other
+# columns: pytest's path arguments of each, the longest first (the audit's captures, the gloo and
+# graph-trainer runs); the last shard is the rest of test/, so together they run it once.
+SUITE_SHARDS = {"tools": ["test/tools"], "distributed": ["test/distributed"]}
+SUITE_SHARDS["rest"] = ["test", *(f"--ignore={p}" for ps in SUITE_SHARDS.values() for p in ps)]
+
+
 def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None = None,
-              suite: bool = False, extra_env: dict[str, str] | None = None,
+              suite: list[str] | None = None, extra_env: dict[str, str] | None = None,
               overlay: Path | None = None) -> Run:
     """Outcome of each test id under ``python``.
 
     ``control``: the id of an in-base fix to take out for this run (see test/conftest.py).
-    ``suite``: run the whole of test/ (and record the outcomes of ``test_ids`` in it).
-    ``overlay``: a directory put first on PYTHONPATH (`symfix.py audit`'s patched torch).
+    ``suite``: pytest's paths of a part of the suite to run whole (recording the outcomes of
+    ``test_ids`` in it). ``overlay``: a directory put first on PYTHONPATH (`symfix.py audit`'s
+    patched torch).
     """
-    files = ["test"] if suite else sorted(
+    files = suite or sorted(
         {t.split("::")[0] for t in test_ids if (ROOT / t.split("::")[0]).is_file()})
     outcomes: dict[str, str] = {}
     rc, summary = 5, "no test file"
@@ -61,36 +71,47 @@ def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None 
 
 
 def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, str],
-                suite: bool = True) -> tuple[dict[str, dict[str, str] | str], Run]:
+                suite: bool = True) -> tuple[dict[str, dict[str, str] | str], dict[str, Run]]:
     """Every column of the matrix, and (``suite``) the whole test suite on the patched build.
 
-    Two jobs at a time, one a core: the patched build runs all of test/ once (its column is read
-    from that run; without ``suite`` only the fixes' tests), while stock runs the fixes' tests,
-    then each in-base fix's tests with its control, then the upstream column. ``pythons``: role
-    -> interpreter, or why it was skipped.
+    Two jobs at a time, one a core, the longest first: the suite's shards on the patched build
+    (its column is read from them; without ``suite`` only the fixes' tests), the fixes' tests on
+    stock and upstream, each in-base fix's tests on stock with its control. ``pythons``: role ->
+    interpreter, or why it was skipped. Returns the columns and the suite's runs by shard.
     """
     ids = all_test_ids(series)
+    patched = pythons["patched"]
+    jobs: dict[str, Callable[[], Run]] = {}
+    shards = list(SUITE_SHARDS.items()) if suite else [("patched", None)]
+    for name, paths in shards[:-1]:
+        jobs[name] = partial(run_tests, patched, ids, LOGS / f"suite-{name}.log", suite=paths,
+                             extra_env=env)
+    for role, python in pythons.items():
+        if role != "patched" and not isinstance(python, str):
+            jobs[role] = partial(run_tests, python, ids, LOGS / f"matrix-{role}.log",
+                                 extra_env=env)
+    name, paths = shards[-1]
+    jobs[name] = partial(run_tests, patched, ids, LOGS / (f"suite-{name}.log" if suite
+                                                          else "matrix-patched.log"),
+                         suite=paths, extra_env=env)
+    for fix in series.fixes:
+        if fix.status == "in-base" and fix.control and fix.tests:
+            jobs[f"control-{fix.id}"] = partial(
+                run_tests, pythons["stock"], list(fix.tests), LOGS / f"control-{fix.id}.log",
+                control=fix.id, extra_env=env)
+    with ThreadPoolExecutor(2) as pool:  # in submission order: the suite's long shards first
+        runs = {name: f.result() for name, f in [(n, pool.submit(j)) for n, j in jobs.items()]}
 
-    def others() -> dict[str, dict[str, str] | str]:
-        out: dict[str, dict[str, str] | str] = {}
-        for role, python in pythons.items():
-            if role != "patched":
-                out[role] = python if isinstance(python, str) else run_tests(
-                    python, ids, LOGS / f"matrix-{role}.log", extra_env=env).outcomes
-        out["control"] = {
-            fix.id: run_tests(pythons["stock"], list(fix.tests), LOGS / f"control-{fix.id}.log",
-                              control=fix.id, extra_env=env).outcomes
-            for fix in series.fixes if fix.status == "in-base" and fix.control and fix.tests}
-        return out
-
-    with ThreadPoolExecutor(2) as pool:
-        suite_job = pool.submit(run_tests, pythons["patched"], ids,
-                                LOGS / ("suite-patched.log" if suite else "matrix-patched.log"),
-                                suite=suite, extra_env=env)
-        rest = pool.submit(others).result()
-        suite = suite_job.result()
-    results = {"stock": rest.pop("stock"), "patched": suite.outcomes, **rest}
-    return results, suite
+    suite_runs = {name: runs.pop(name) for name, _ in shards}
+    merged = {t: next((r.outcomes[t] for r in suite_runs.values()
+                       if r.outcomes[t] != "missing"), "missing") for t in ids}
+    results: dict[str, dict[str, str] | str] = {
+        role: python if isinstance(python, str) else runs.pop(role).outcomes
+        for role, python in pythons.items() if role != "patched"}
+    results["patched"] = merged
+    results["control"] = {name.removeprefix("control-"): run.outcomes
+                          for name, run in runs.items()}
+    return results, suite_runs
 
 
 def expected(fix: Fix, kind: str, role: str, upstream: str | None = None) -> str:

@@ -1,0 +1,48 @@
+# Owner(s): ["module: ci"]
+"""Tests of `tools/symfix.py test`'s schedule: the matrix's patched column is read from whichever
+of the suite's shards ran each test."""
+
+import sys
+import threading
+from pathlib import Path
+from unittest import mock
+
+from torch.testing._internal.common_utils import run_tests, TestCase
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+
+from symfixlib import matrix, series  # noqa: E402
+
+SERIES = series.load()
+
+
+class TestSuiteShards(TestCase):
+    def test_columns_read_from_the_shards(self):
+        ids = matrix.all_test_ids(SERIES)
+        started, lock = [], threading.Lock()
+
+        def fake_run(python, test_ids, log, control=None, suite=None, extra_env=None):
+            with lock:
+                started.append(log.stem)
+            if suite == matrix.SUITE_SHARDS["tools"]:  # one shard ran every fix's test
+                return matrix.Run({t: "passed" for t in test_ids}, 0, "all passed")
+            outcome = "failed" if python == Path("stock") else "missing"
+            return matrix.Run({t: outcome for t in test_ids}, 0, "ran")
+
+        pythons = {"stock": Path("stock"), "patched": Path("patched"), "upstream": "no room"}
+        with mock.patch.object(matrix, "run_tests", fake_run):
+            results, suite = matrix.run_columns(SERIES, pythons, {})
+        self.assertEqual(list(suite), list(matrix.SUITE_SHARDS))
+        self.assertEqual(set(started), {*(f"suite-{n}" for n in matrix.SUITE_SHARDS),
+                                        "matrix-stock", *(f"control-{f.id}" for f in SERIES.fixes
+                                                          if f.status == "in-base" and f.control)})
+        self.assertEqual(results["patched"], {t: "passed" for t in ids})
+        self.assertEqual(results["stock"], {t: "failed" for t in ids})
+        self.assertEqual(results["upstream"], "no room")
+        self.assertEqual(set(results["control"]),
+                         {f.id for f in SERIES.fixes if f.status == "in-base" and f.control})
+
+
+if __name__ == "__main__":
+    run_tests()
