@@ -26,9 +26,9 @@ class TestSuiteShards(TestCase):
             with lock:
                 started.append(log.stem)
             if suite == matrix.SUITE_SHARDS["tools"]:  # one shard ran every fix's test
-                return matrix.Run({t: "passed" for t in test_ids}, 0, "all passed")
+                return matrix.Run({t: "passed" for t in test_ids}, 0, "all passed", log)
             outcome = "failed" if python == Path("stock") else "missing"
-            return matrix.Run({t: outcome for t in test_ids}, 0, "ran")
+            return matrix.Run({t: outcome for t in test_ids}, 0, "ran", log)
 
         pythons = {"stock": Path("stock"), "patched": Path("patched"), "upstream": "no room"}
         with mock.patch.object(matrix, "run_tests", fake_run):

@@ -182,13 +182,12 @@ def cmd_test(args) -> int:
     if args.matrix_only:
         return 1 if problems else 0
     for name, run in suite_runs.items():
-        log = matrix.LOGS / f"suite-{name}.log"
         print(f"suite   pytest {' '.join(matrix.SUITE_SHARDS[name])} on patched: {run.summary}  "
-              f"(log: {rel(log)})  {'FAIL' if run.returncode else 'ok'}")
-    for name, run in suite_runs.items():
-        if run.returncode:
-            print((matrix.LOGS / f"suite-{name}.log").read_text()[-4000:])
-    return 1 if problems or any(run.returncode for run in suite_runs.values()) else 0
+              f"(log: {rel(run.log)})  {'FAIL' if run.returncode else 'ok'}")
+    failed = [run for run in suite_runs.values() if run.returncode]
+    for run in failed:
+        print(run.log.read_text()[-4000:])
+    return 1 if problems or failed else 0
 
 
 def cmd_status(args) -> int:

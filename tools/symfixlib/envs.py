@@ -81,11 +81,11 @@ def room_needed(python: Path, specs: list[str], cold_gb: float) -> float:
         return cold_gb
     if not fetched:  # all in the cache, the local wheels included
         return MARGIN_GB
-    with_wheels = 0
+    unpacked = 0
     for w in wheels:
         with zipfile.ZipFile(w) as z:
-            with_wheels += sum(i.file_size for i in z.infolist())
-    return with_wheels / 1e9 + MARGIN_GB
+            unpacked += sum(i.file_size for i in z.infolist())
+    return unpacked / 1e9 + MARGIN_GB
 
 
 def installed(link: Path) -> dict | None:

@@ -25,10 +25,11 @@ class Run:
     outcomes: dict[str, str]  # test id -> passed, failed, skipped or missing
     returncode: int
     summary: str  # pytest's last line
+    log: Path
 
 
 # The whole test/ suite runs in shards, so that both cores stay busy to the end beside the other
-# columns: pytest's path arguments of each, the longest first (the audit's captures, the gloo and
+# columns: pytest's path arguments of each, the longest first (the audit's captures; the gloo and
 # graph-trainer runs); the last shard is the rest of test/, so together they run it once.
 SUITE_SHARDS = {"tools": ["test/tools"], "distributed": ["test/distributed"]}
 SUITE_SHARDS["rest"] = ["test", *(f"--ignore={p}" for ps in SUITE_SHARDS.values() for p in ps)]
@@ -67,7 +68,7 @@ def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None 
             if result.exists():
                 outcomes = json.loads(result.read_text())
             summary = (log.read_text().strip().splitlines() or ["no output"])[-1].strip("= ")
-    return Run({t: outcomes.get(t, "missing") for t in test_ids}, rc, summary)
+    return Run({t: outcomes.get(t, "missing") for t in test_ids}, rc, summary, log)
 
 
 def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, str],
@@ -80,29 +81,24 @@ def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, s
     interpreter, or why it was skipped. Returns the columns and the suite's runs by shard.
     """
     ids = all_test_ids(series)
-    patched = pythons["patched"]
-    jobs: dict[str, Callable[[], Run]] = {}
-    shards = list(SUITE_SHARDS.items()) if suite else [("patched", None)]
-    for name, paths in shards[:-1]:
-        jobs[name] = partial(run_tests, patched, ids, LOGS / f"suite-{name}.log", suite=paths,
-                             extra_env=env)
+    shards = ({name: (paths, f"suite-{name}") for name, paths in SUITE_SHARDS.items()} if suite
+              else {"patched": (None, "matrix-patched")})
+    jobs: dict[str, Callable[[], Run]] = {
+        name: partial(run_tests, pythons["patched"], ids, LOGS / f"{log}.log", suite=paths,
+                      extra_env=env) for name, (paths, log) in shards.items()}
     for role, python in pythons.items():
         if role != "patched" and not isinstance(python, str):
             jobs[role] = partial(run_tests, python, ids, LOGS / f"matrix-{role}.log",
                                  extra_env=env)
-    name, paths = shards[-1]
-    jobs[name] = partial(run_tests, patched, ids, LOGS / (f"suite-{name}.log" if suite
-                                                          else "matrix-patched.log"),
-                         suite=paths, extra_env=env)
     for fix in series.fixes:
         if fix.status == "in-base" and fix.control and fix.tests:
             jobs[f"control-{fix.id}"] = partial(
                 run_tests, pythons["stock"], list(fix.tests), LOGS / f"control-{fix.id}.log",
                 control=fix.id, extra_env=env)
-    with ThreadPoolExecutor(2) as pool:  # in submission order: the suite's long shards first
+    with ThreadPoolExecutor(2) as pool:  # in submission order: the suite's shards first
         runs = {name: f.result() for name, f in [(n, pool.submit(j)) for n, j in jobs.items()]}
 
-    suite_runs = {name: runs.pop(name) for name, _ in shards}
+    suite_runs = {name: runs.pop(name) for name in shards}
     merged = {t: next((r.outcomes[t] for r in suite_runs.values()
                        if r.outcomes[t] != "missing"), "missing") for t in ids}
     results: dict[str, dict[str, str] | str] = {
