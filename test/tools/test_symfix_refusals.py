@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from symfixlib import envs, export, series  # noqa: E402
+from symfixlib import envs, errors, export, series  # noqa: E402
 from test_symfix_source import git, make_checkout, symfix  # noqa: E402
 from test_symfix_wheel import real_base_wheel  # noqa: E402
 
@@ -159,7 +159,7 @@ class TestRebaseWithoutEnvironment(TestCase):
             self.assertEqual(export.rebase_python(wheel, None), (env / "bin" / "python", ""))
             # none that has it, and none can be made: say why, run no tests
             (env / envs.MARKER).write_text(json.dumps({"torch_version": "2.13.0"}))
-            with mock.patch.object(envs, "ensure", side_effect=envs.EnvError("no room")):
+            with mock.patch.object(envs, "ensure", side_effect=errors.EnvError("no room")):
                 python, why = export.rebase_python(wheel, None, say=lambda *a, **k: None)
         self.assertIsNone(python)
         self.assertIn("could not make an environment for it (no room)", why)

@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from symfixlib import build, checkout, series  # noqa: E402
-from symfixlib.errors import Refused  # noqa: E402
+from symfixlib.errors import PatchFailed, Refused  # noqa: E402
 from test_symfix_wheel import real_base_wheel, series_with_broken_patch  # noqa: E402
 
 SERIES = series.load()
@@ -151,7 +151,7 @@ class TestSource(TestCase):
         src = make_checkout(self.tmp / "pytorch")
         head = git(src, "rev-parse", "HEAD")
         broken = series_with_broken_patch(self.tmp / "series", -1)
-        with self.assertRaisesRegex(build.PatchFailed,
+        with self.assertRaisesRegex(PatchFailed,
                                     f"patch {SERIES.patches[-1].name} does not apply"):
             checkout.am(src, broken.patches, "symfix/test")
         self.assertEqual(git(src, "rev-parse", "HEAD"), head)

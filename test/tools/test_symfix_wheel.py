@@ -29,7 +29,7 @@ from wheel.wheelfile import WheelFile
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from symfixlib import basewheel, build, cli, envs, series  # noqa: E402
+from symfixlib import basewheel, build, cli, envs, errors, series  # noqa: E402
 from symfixlib.series import git_blob_id  # noqa: E402
 
 SERIES = series.load()
@@ -263,7 +263,7 @@ class TestBuild(TestCase):
 
     def test_patch_that_does_not_apply(self):
         broken = series_with_broken_patch(self.tmp / "series", 0)
-        with self.assertRaisesRegex(build.PatchFailed, rf"patch {SERIES.patches[0].name} "
+        with self.assertRaisesRegex(errors.PatchFailed, rf"patch {SERIES.patches[0].name} "
                                     "does not apply: .*hunk @@ -"):
             self.build("dist", broken)
         self.assertFalse((self.tmp / "dist").exists() and any((self.tmp / "dist").iterdir()))
@@ -348,14 +348,14 @@ class TestEnvironmentRoom(TestCase):
         with mock.patch.object(envs, "ENVS", self.tmp / "envs"), \
                 mock.patch.object(envs, "LOGS", self.tmp / "logs"), \
                 mock.patch.object(envs, "free_gb", return_value=0.1):
-            with self.assertRaisesRegex(envs.NoRoom, r"^patched: 0.1 GB free, its environment "
+            with self.assertRaisesRegex(errors.NoRoom, r"^patched: 0.1 GB free, its environment "
                                                      r"needs 0.5 GB$"):
                 envs.ensure("patched", str(real_base_wheel()), "key", link)
         self.assertFalse(link.exists() or link.is_symlink())
         self.assertEqual(list((self.tmp / "envs").iterdir()), [])
 
     def test_test_skips_loudly_only_when_asked(self):
-        no_room = envs.NoRoom("stock: 0.1 GB free, its environment needs 7.0 GB")
+        no_room = errors.NoRoom("stock: 0.1 GB free, its environment needs 7.0 GB")
         with mock.patch.object(envs, "ensure", side_effect=no_room), \
                 mock.patch("sys.stdout") as out, mock.patch("sys.stderr") as err:
             asked = cli.main(["test", "--matrix-only", "--skip-if-no-room"])

@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from . import build, matrix
+from .errors import BadTarget
 from .series import Fix, git_blob_id, Patch, ROOT, Series
 
 ENGINE = ROOT / "torch" / "_symfix" / "audit.py"
@@ -36,10 +37,6 @@ def engine():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-class BadTarget(Exception):
-    """The target cannot be audited: the engine's one line."""
 
 
 def probe(python: Path) -> dict:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from . import rawzip
 from .basewheel import BaseWheel, remember, remembered
+from .errors import PatchFailed
 from .series import as_lf, Patch, Series
 
 # Bump when the layout of what `build` writes changes, so that cached wheels are rebuilt.
@@ -32,10 +33,6 @@ def own_files(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes()
             for p in sorted((root / "torch").rglob("*"))
             if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
-
-
-class PatchFailed(Exception):
-    """A patch of the series does not apply to the base wheel's files."""
 
 
 def stamped_version(base_version: str, label: str) -> str:

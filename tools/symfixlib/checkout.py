@@ -6,8 +6,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from .build import failing_hunk, PatchFailed
-from .errors import Refused
+from .build import failing_hunk
+from .errors import PatchFailed, Refused
 from .series import Patch, Series
 
 # git am needs a committer; keep the user's identity when they have one.

@@ -15,10 +15,8 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
 from . import audit, basewheel, bench, build, checkout, envs, export, matrix, series, source
-from .build import PatchFailed
-from .envs import EnvError
-from .errors import Refused
-from .series import ROOT, SeriesError
+from .errors import BadTarget, EnvError, NoRoom, PatchFailed, Refused, SeriesError
+from .series import ROOT
 
 CACHE = ROOT / ".symfix" / "cache"
 DIST = ROOT / "dist"
@@ -150,7 +148,7 @@ def cmd_test(args) -> int:
             "patched": install("tested" if args.patched else "patched", str(out), out_sha,
                                None if args.patched else VENV, args.python, need),
         }
-    except envs.NoRoom as e:
+    except NoRoom as e:
         if not args.skip_if_no_room:
             raise
         print(f"\n!!! SKIPPED these tests: {e} !!!\n", flush=True)
@@ -159,7 +157,7 @@ def cmd_test(args) -> int:
         req = s.upstream["requirement"]
         try:
             pythons["upstream"] = install("upstream", req, req, python=args.python)
-        except envs.NoRoom as e:
+        except NoRoom as e:
             pythons["upstream"] = str(e)
             print(f"\n!!! SKIPPED the upstream column ({req}): {e} !!!\n", flush=True)
 
@@ -452,7 +450,7 @@ def cmd_audit(args) -> int:
     try:
         return audit.audit(series.load(), args.target, python, Path(args.repro_dir),
                            tests=not args.no_tests)
-    except audit.BadTarget as e:
+    except BadTarget as e:
         print(f"symfix: audit: {e}", file=sys.stderr)
         return 2
 

@@ -23,6 +23,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+from .errors import EnvError, NoRoom
 from .series import ROOT
 
 ENVS = ROOT / ".symfix" / "envs"
@@ -43,14 +44,6 @@ module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 print(module.__version__)
 """
-
-
-class EnvError(Exception):
-    pass
-
-
-class NoRoom(EnvError):
-    """The disk cannot hold the environment: nothing was installed."""
 
 
 def test_requirements() -> list[str]:

@@ -12,12 +12,10 @@ from pathlib import Path
 
 import unidiff
 
+from .errors import SeriesError
+
 ROOT = Path(__file__).resolve().parents[2]
 STATUSES = ("patch", "original", "in-base", "pending")  # the first two carry a patch
-
-
-class SeriesError(Exception):
-    """The series or the manifest is inconsistent."""
 
 
 @dataclass(frozen=True)
