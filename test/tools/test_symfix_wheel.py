@@ -343,6 +343,11 @@ class TestEnvironmentRoom(TestCase):
     def test_what_must_be_downloaded_needs_the_cold_estimate(self):
         self.assertEqual(envs.room_needed(self.python, ["sympy==1.0"], cold_gb=7.0), 7.0)
 
+    def test_copies_from_the_cache_need_the_cold_estimate(self):
+        with mock.patch.dict(os.environ, {"UV_LINK_MODE": "copy"}):
+            need = envs.room_needed(self.python, [str(real_base_wheel())], cold_gb=7.0)
+        self.assertEqual(need, 7.0)
+
     def test_no_room_installs_nothing(self):
         link = self.tmp / "patched"
         with mock.patch.object(envs, "ENVS", self.tmp / "envs"), \

@@ -64,9 +64,15 @@ def room_needed(python: Path, specs: list[str], cold_gb: float) -> float:
 
     uv hardlinks what its cache holds, so only what it must fetch or unpack takes room. A dry run
     without the network says whether the cache holds everything but the local wheels: then the
-    need is their unpacked size; otherwise the whole cold estimate ``cold_gb``.
+    need is their unpacked size; otherwise, or where uv copies (``UV_LINK_MODE=copy``, or its
+    cache on another file system), the whole cold estimate ``cold_gb``.
     """
     wheels = [Path(s) for s in specs if s.endswith(".whl")]
+    cache = Path(subprocess.run([uv(), "cache", "dir"], capture_output=True, text=True).stdout
+                 .strip())
+    if os.environ.get("UV_LINK_MODE") == "copy" or not cache.is_dir() or (
+            cache.stat().st_dev != python.parent.stat().st_dev):
+        return cold_gb
     dry = subprocess.run([uv(), "pip", "install", "--dry-run", "--offline", "--python", str(python),
                           *specs], capture_output=True, text=True)
     fetched = re.search(r"Would download (\d+) package", dry.stderr)
