@@ -114,7 +114,8 @@ def install(role: str, spec: str, key: str, link: Path | None = None,
 
 def env_need_gb(base: basewheel.BaseWheel) -> float:
     """Disk for an environment of this build: a CUDA torch pulls in 4 GB of CUDA libraries."""
-    return 2.0 if base.version.endswith("+cpu") or "macosx" in base.path.name else 7.0
+    cpu = base.version.endswith("+cpu") or "macosx" in base.path.name
+    return envs.COLD_GB["cpu" if cpu else "cuda"]
 
 
 def cmd_wheel(args) -> int:

@@ -31,8 +31,8 @@ LOGS = ROOT / ".symfix" / "logs"
 MARKER = "symfix-env.json"
 # Disk a cold environment needs, in GB (nothing in uv's cache): the CPU torch is about 1 GB
 # installed, a CUDA build 5.5 GB with its CUDA libraries.
-NEEDS_GB = {"upstream": 7.0}
-DEFAULT_NEED_GB = 2.0
+COLD_GB = {"cpu": 2.0, "cuda": 7.0}
+NEEDS_GB = {"upstream": COLD_GB["cuda"]}  # by role; the others are given theirs, else "cpu"
 MARGIN_GB = 0.5
 
 
@@ -142,7 +142,7 @@ def ensure(role: str, torch_spec: str, key: str, link: Path | None = None,
     log.write_text("")
     try:
         run([uv(), "venv", "-q", "--python", python, str(target)])
-        need = room_needed(python_of(target), specs, need_gb or NEEDS_GB.get(role, DEFAULT_NEED_GB))
+        need = room_needed(python_of(target), specs, need_gb or NEEDS_GB.get(role, COLD_GB["cpu"]))
         if (free := free_gb()) < need:
             raise NoRoom(f"{role}: {free:.1f} GB free, its environment needs {need:.1f} GB")
         run([uv(), "pip", "install", "-q", "--python", str(python_of(target)), *specs])

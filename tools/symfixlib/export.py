@@ -306,7 +306,8 @@ def rebase_python(target: Path, given: str | None, say=print) -> tuple[Path | No
             return python, ""
     say(f"venv    no environment with {target.name} yet: making one (minutes)", flush=True)
     try:
-        return envs.python_of(envs.ensure("rebase", str(target), sha, need_gb=7.0)), ""
+        env = envs.ensure("rebase", str(target), sha, need_gb=envs.COLD_GB["cuda"])
+        return envs.python_of(env), ""
     except (envs.EnvError, OSError) as e:
         return None, f"could not make an environment for it ({str(e).splitlines()[0]})"
 
