@@ -105,9 +105,10 @@ def build_wheel(s: series.Series, base: basewheel.BaseWheel, dist: Path) -> Path
 
 
 def install(role: str, spec: str, key: str, link: Path | None = None,
-            python: str | None = None, need_gb: float | None = None) -> Path:
+            python: str | None = None, need_gb: float | None = None,
+            bytecode: bool = False) -> Path:
     step = Step("venv")
-    path = envs.ensure(role, spec, key, link, python, need_gb)
+    path = envs.ensure(role, spec, key, link, python, need_gb, bytecode)
     step.done(f"{rel(path)}  (torch {envs.installed(path)['torch_version']})")
     return path
 
@@ -145,9 +146,9 @@ def cmd_test(args) -> int:
     try:
         pythons: dict[str, Path | str] = {
             "stock": install("stock", str(base.path), base.sha256, python=args.python,
-                             need_gb=need),
+                             need_gb=need, bytecode=True),
             "patched": install("tested" if args.patched else "patched", str(out), out_sha,
-                               None if args.patched else VENV, args.python, need),
+                               None if args.patched else VENV, args.python, need, bytecode=True),
         }
     except NoRoom as e:
         if not args.skip_if_no_room:
@@ -157,7 +158,8 @@ def cmd_test(args) -> int:
     if args.upstream and s.upstream:
         req = s.upstream["requirement"]
         try:
-            pythons["upstream"] = install("upstream", req, req, python=args.python)
+            pythons["upstream"] = install("upstream", req, req, python=args.python,
+                                          bytecode=True)
         except NoRoom as e:
             pythons["upstream"] = str(e)
             print(f"\n!!! SKIPPED the upstream column ({req}): {e} !!!\n", flush=True)

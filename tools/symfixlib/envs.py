@@ -34,6 +34,7 @@ MARKER = "symfix-env.json"
 COLD_GB = {"cpu": 2.0, "cuda": 7.0}
 NEEDS_GB = {"upstream": COLD_GB["cuda"]}  # by role; the others are given theirs, else "cpu"
 MARGIN_GB = 0.5
+BYTECODE_GB = 0.2  # torch's modules compiled: 150 MB
 
 
 READ_VERSION = """
@@ -105,21 +106,28 @@ def uv() -> str:
 
 
 def ensure(role: str, torch_spec: str, key: str, link: Path | None = None,
-           python: str | None = None, need_gb: float | None = None) -> Path:
+           python: str | None = None, need_gb: float | None = None,
+           bytecode: bool = False) -> Path:
     """An environment with ``torch_spec`` (a wheel path or a requirement) and the test deps.
 
     ``key`` identifies the torch (a wheel's sha256, or the requirement); ``python`` the
     interpreter (default: this one). The environment is reused while key, interpreter and
-    requirements are unchanged. Returns the path of its link.
+    requirements are unchanged, and it has bytecode if asked. Returns the path of its link.
+
+    ``bytecode``: compile every module at install (uv, 9 s on 2 cores for torch). Without it
+    each new process compiles what it imports, 5 s for torch and Dynamo, again and again where
+    PYTHONDONTWRITEBYTECODE is set (as on this project's machines): worth it for `test`'s
+    hundred processes, not for `wheel`'s one environment.
     """
     link = link or ENVS.parent / role
     reqs = test_requirements()
     python = python or sys.executable
     want = {"format": 3, "role": role, "torch": torch_spec, "key": key, "requirements": reqs,
-            "python": python}
-    have = installed(link)
-    if have and {k: have.get(k) for k in want if k != "torch"} == {
-            k: v for k, v in want.items() if k != "torch"}:
+            "python": python, "bytecode": bytecode}
+    have = installed(link) or {}
+    # the same torch by key, wherever its wheel lies; bytecode it has but needs not does no harm
+    if have and all(have.get(k) == v for k, v in want.items() if k not in ("torch", "bytecode")) \
+            and have.get("bytecode", False) >= bytecode:
         return link
 
     digest = hashlib.sha256(json.dumps(want, sort_keys=True).encode()).hexdigest()[:12]
@@ -143,9 +151,11 @@ def ensure(role: str, torch_spec: str, key: str, link: Path | None = None,
     try:
         run([uv(), "venv", "-q", "--python", python, str(target)])
         need = room_needed(python_of(target), specs, need_gb or NEEDS_GB.get(role, COLD_GB["cpu"]))
+        need += BYTECODE_GB if bytecode else 0
         if (free := free_gb()) < need:
             raise NoRoom(f"{role}: {free:.1f} GB free, its environment needs {need:.1f} GB")
-        run([uv(), "pip", "install", "-q", "--python", str(python_of(target)), *specs])
+        run([uv(), "pip", "install", "-q", *(["--compile-bytecode"] if bytecode else []),
+             "--python", str(python_of(target)), *specs])
         # torch.__version__ from the installed torch/version.py alone: `import torch` would take
         # longer than the install itself (seconds; more for a CUDA build).
         version = subprocess.run([str(python_of(target)), "-c", READ_VERSION],

@@ -29,10 +29,13 @@ class Run:
 
 
 # The whole test/ suite runs in shards, so that both cores stay busy to the end beside the other
-# columns: pytest's path arguments of each, the longest first (the audit's captures; the gloo and
-# graph-trainer runs); the last shard is the rest of test/, so together they run it once.
-SUITE_SHARDS = {"tools": ["test/tools"], "distributed": ["test/distributed"]}
-SUITE_SHARDS["rest"] = ["test", *(f"--ignore={p}" for ps in SUITE_SHARDS.values() for p in ps)]
+# columns: a shard runs its path but the paths of the shards before it, so that together they
+# run test/ once. The audit's captures on stock and the gloo runs are the long ones.
+SHARD_PATHS = {"audit": "test/tools/test_symfix_audit.py", "tools": "test/tools",
+               "distributed": "test/distributed", "rest": "test"}
+SUITE_SHARDS = {name: [path, *(f"--ignore={p}" for p in list(SHARD_PATHS.values())[:i]
+                               if p.startswith(path + "/"))]
+                for i, (name, path) in enumerate(SHARD_PATHS.items())}
 
 
 def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None = None,
@@ -75,27 +78,26 @@ def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, s
                 suite: bool = True) -> tuple[dict[str, dict[str, str] | str], dict[str, Run]]:
     """Every column of the matrix, and (``suite``) the whole test suite on the patched build.
 
-    Two jobs at a time, one a core, the longest first: the suite's shards on the patched build
-    (its column is read from them; without ``suite`` only the fixes' tests), the fixes' tests on
-    stock and upstream, each in-base fix's tests on stock with its control. ``pythons``: role ->
+    Two jobs at a time, one a core, the longest first: the fixes' tests on stock and upstream,
+    the suite's shards on the patched build (its column is read from them; without ``suite``
+    only the fixes' tests), each in-base fix's tests on stock with its control. ``pythons``: role ->
     interpreter, or why it was skipped. Returns the columns and the suite's runs by shard.
     """
     ids = all_test_ids(series)
+    jobs: dict[str, Callable[[], Run]] = {
+        role: partial(run_tests, python, ids, LOGS / f"matrix-{role}.log", extra_env=env)
+        for role, python in pythons.items() if role != "patched" and not isinstance(python, str)}
     shards = ({name: (paths, f"suite-{name}") for name, paths in SUITE_SHARDS.items()} if suite
               else {"patched": (None, "matrix-patched")})
-    jobs: dict[str, Callable[[], Run]] = {
-        name: partial(run_tests, pythons["patched"], ids, LOGS / f"{log}.log", suite=paths,
-                      extra_env=env) for name, (paths, log) in shards.items()}
-    for role, python in pythons.items():
-        if role != "patched" and not isinstance(python, str):
-            jobs[role] = partial(run_tests, python, ids, LOGS / f"matrix-{role}.log",
-                                 extra_env=env)
+    for name, (paths, log) in shards.items():
+        jobs[name] = partial(run_tests, pythons["patched"], ids, LOGS / f"{log}.log", suite=paths,
+                             extra_env=env)
     for fix in series.fixes:
         if fix.status == "in-base" and fix.control and fix.tests:
             jobs[f"control-{fix.id}"] = partial(
                 run_tests, pythons["stock"], list(fix.tests), LOGS / f"control-{fix.id}.log",
                 control=fix.id, extra_env=env)
-    with ThreadPoolExecutor(2) as pool:  # in submission order: the suite's shards first
+    with ThreadPoolExecutor(2) as pool:  # in submission order
         runs = {name: f.result() for name, f in [(n, pool.submit(j)) for n, j in jobs.items()]}
 
     suite_runs = {name: runs.pop(name) for name in shards}

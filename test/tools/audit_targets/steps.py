@@ -53,27 +53,6 @@ def nested_make_fx_target():
     return step, (a, b)
 
 
-def block_mask_in_graph_target():
-    """The causal BlockMask built in the step from the unbacked sequence length."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    x = torch.randn(S, D)
-    mark_unbacked(x, 0, hint_override=S, min=1)
-
-    def step(x):
-        bm = create_block_mask(causal, None, None, x.shape[0], x.shape[0], device="cpu")
-        return bm.kv_num_blocks.sum() + bm.q_num_blocks.sum()
-
-    return step, (x,)
-
-
-def _flex(q, k, v, block_mask):
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, backend="eager", fullgraph=True)(
-        q, k, v, block_mask=block_mask)
-
-
 def _flex_hop(q, k, v, block_mask_tuple):
     from torch._higher_order_ops.flex_attention import flex_attention as flex_hop
     from torch.nn.attention.flex_attention import _identity
@@ -86,30 +65,6 @@ def _flex_train(q, k, v, block_mask):
     # The public flex_attention refuses backward on CPU; its compiled HOP entry does not.
     return torch.compile(_flex_hop, backend="eager", fullgraph=True)(
         q, k, v, block_mask.as_tuple())
-
-
-def flex_unbacked_lengths_target():
-    """FlexAttention over an unbacked batch and sequence (its default block mask is made from
-    them), with a backward through a learned per-head score bias."""
-    qkv = torch.randn(3, B, H, S, D)
-    mark_unbacked(qkv, 1, hint_override=B, min=1)
-    mark_unbacked(qkv, 3, hint_override=S, min=1)
-    bias = torch.randn(H)
-
-    def step(qkv, bias):
-        bias = bias.requires_grad_()
-
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return score + bias[h]
-
-        q, k, v = qkv.unbind(0)
-        from torch.nn.attention.flex_attention import flex_attention
-
-        out = torch.compile(flex_attention, backend="eager", fullgraph=True)(
-            q, k, v, score_mod=score_mod)
-        return torch.autograd.grad(out.sum(), bias)
-
-    return step, (qkv, bias)
 
 
 def flex_step_target():
