@@ -372,6 +372,28 @@ class TestEnvironmentRoom(TestCase):
         self.assertIn(f"symfix: {no_room}\n", "".join(c.args[0] for c in err.write.call_args_list))
 
 
+class TestEnvironmentBytecode(TestCase):
+    """`test` asks for environments with bytecode: where PYTHONDONTWRITEBYTECODE is set, each of
+    its processes would compile torch again. `wheel` does not ask, and keeps one that has it."""
+
+    def test_bytecode_when_asked_and_kept(self):
+        tmp = Path(tempfile.mkdtemp(prefix="symfix-test-"))
+        self.addCleanup(shutil.rmtree, tmp)
+        wheel, link = make_wheel(tmp / MINI, mini_files()), tmp / "patched"
+
+        def pyc(env: Path) -> list[Path]:  # torch/__init__.py: never imported by ensure
+            return list(env.glob("lib/python*/site-packages/torch/__pycache__/__init__.*.pyc"))
+
+        with mock.patch.object(envs, "ENVS", tmp / "envs"), \
+                mock.patch.object(envs, "LOGS", tmp / "logs"):
+            plain = envs.ensure("patched", str(wheel), "key", link).resolve()
+            self.assertEqual(pyc(plain), [])
+            compiled = envs.ensure("patched", str(wheel), "key", link, bytecode=True).resolve()
+            self.assertNotEqual(compiled, plain)
+            self.assertEqual(len(pyc(compiled)), 1)
+            self.assertEqual(envs.ensure("patched", str(wheel), "key", link).resolve(), compiled)
+
+
 class TestRealWheel(TestCase):
     def test_build_from_official_wheel(self):
         tmp = Path(tempfile.mkdtemp(prefix="symfix-test-"))
