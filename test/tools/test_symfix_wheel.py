@@ -394,6 +394,47 @@ class TestEnvironmentBytecode(TestCase):
             self.assertEqual(envs.ensure("patched", str(wheel), "key", link).resolve(), compiled)
 
 
+class TestInstallOver(TestCase):
+    """`wheel` has uv install the base (in its cache: hardlinks) and writes the patched build's
+    own files over it (envs.install_over), instead of having uv unpack the new build."""
+
+    def test_same_as_installing_the_patched_wheel(self):
+        tmp = Path(tempfile.mkdtemp(prefix="symfix-test-"))
+        self.addCleanup(shutil.rmtree, tmp)
+        base = basewheel.verify(make_wheel(tmp / MINI, mini_files()), SERIES)
+        out, _ = build.build(SERIES, base, tmp / "dist", say=lambda patch: None)
+
+        def env(name: str, wheel: Path) -> Path:
+            subprocess.run([envs.uv(), "venv", "-q", str(tmp / name)], check=True)
+            subprocess.run([envs.uv(), "pip", "install", "-q", "--python",
+                            str(envs.python_of(tmp / name)), str(wheel)], check=True)
+            return envs.site_packages(tmp / name)
+
+        def tree(site: Path) -> dict[str, str]:
+            """path -> sha256 of torch's files; RECORD's rows in order; uv's cache note left out
+            (torch's dependencies are uv's work in both)"""
+            files = {}
+            for p in site.glob("torch*/**/*"):
+                if p.is_file() and "__pycache__" not in p.parts and p.name != "uv_cache.json":
+                    data = p.read_bytes()
+                    if p.name == "RECORD":
+                        data = "\n".join(sorted(r for r in data.decode().splitlines()
+                                                if "uv_cache.json" not in r)).encode()
+                    files[p.relative_to(site).as_posix()] = hashlib.sha256(data).hexdigest()
+            return files
+
+        direct = env("direct", out)
+        over = env("over", base.path)
+        written = envs.install_over(over, base.path, out)
+        self.assertEqual(tree(over), tree(direct))
+        self.assertIn(over / "torch" / "version.py", written)
+        # the base's files in uv's cache, hardlinked into the environment, are untouched
+        again = env("again", base.path)
+        with zipfile.ZipFile(base.path) as zf:
+            self.assertEqual((again / "torch" / "version.py").read_bytes(),
+                             zf.read("torch/version.py"))
+
+
 class TestRealWheel(TestCase):
     def test_build_from_official_wheel(self):
         tmp = Path(tempfile.mkdtemp(prefix="symfix-test-"))

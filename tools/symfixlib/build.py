@@ -56,6 +56,10 @@ def output_name(base: BaseWheel, version: str) -> str:
     return base.path.name.replace(f"torch-{base.file_version}-", f"torch-{version}-", 1)
 
 
+def output_path(series: Series, base: BaseWheel, dist: Path) -> Path:
+    return dist / output_name(base, stamped_version(base.version, series.label))
+
+
 def read_provenance(wheel: Path) -> dict | None:
     """The provenance record of a wheel made by symfix, or None if it is not one."""
     try:
@@ -151,7 +155,7 @@ def build(series: Series, base: BaseWheel, dist: Path, say=print) -> tuple[Path,
     """Build the patched wheel into ``dist``; returns (path, reused an up-to-date build)."""
     version = stamped_version(base.version, series.label)
     key = build_key(series, base)
-    out = dist / output_name(base, version)
+    out = output_path(series, base, dist)
     if out.is_file() and key in (remembered(series.root, out, "built"),
                                  (read_provenance(out) or {}).get("BUILD_KEY")):
         return out, True

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
@@ -106,9 +107,10 @@ def build_wheel(s: series.Series, base: basewheel.BaseWheel, dist: Path) -> Path
 
 def install(role: str, spec: str, key: str, link: Path | None = None,
             python: str | None = None, need_gb: float | None = None,
-            bytecode: bool = False) -> Path:
+            bytecode: bool = False, over: Path | None = None, built: Future | None = None
+            ) -> Path:
     step = Step("venv")
-    path = envs.ensure(role, spec, key, link, python, need_gb, bytecode)
+    path = envs.ensure(role, spec, key, link, python, need_gb, bytecode, over, built)
     step.done(f"{rel(path)}  (torch {envs.installed(path)['torch_version']})")
     return path
 
@@ -122,11 +124,16 @@ def env_need_gb(base: basewheel.BaseWheel) -> float:
 def cmd_wheel(args) -> int:
     s = load_series(args)
     base = base_wheel(s, args)
-    out = build_wheel(s, base, Path(args.dist))
-    if not args.no_venv:
-        install("patched", str(out), build.build_key(s, base), VENV, args.python,
-                env_need_gb(base))
-        print("done. `. .venv/bin/activate` and `import torch` gives the patched build.")
+    if args.no_venv:
+        build_wheel(s, base, Path(args.dist))
+        return 0
+    with ThreadPoolExecutor(1) as pool:  # uv installs the base while the wheel is built
+        built = pool.submit(build_wheel, s, base, Path(args.dist))
+        install("patched", str(build.output_path(s, base, Path(args.dist))),
+                build.build_key(s, base), VENV, args.python, env_need_gb(base), over=base.path,
+                built=built)
+        built.result()
+    print("done. `. .venv/bin/activate` and `import torch` gives the patched build.")
     return 0
 
 
@@ -148,7 +155,8 @@ def cmd_test(args) -> int:
             "stock": install("stock", str(base.path), base.sha256, python=args.python,
                              need_gb=need, bytecode=True),
             "patched": install("tested" if args.patched else "patched", str(out), out_sha,
-                               None if args.patched else VENV, args.python, need, bytecode=True),
+                               None if args.patched else VENV, args.python, need, bytecode=True,
+                               over=None if args.patched else base.path),
         }
     except NoRoom as e:
         if not args.skip_if_no_room:

@@ -12,7 +12,9 @@ pip configuration, so a local wheel is handed to it by path.
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import json
 import os
 import re
@@ -20,9 +22,12 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import urllib.parse
 import zipfile
+from concurrent.futures import Future
 from pathlib import Path
 
+from . import rawzip
 from .errors import EnvError, NoRoom
 from .series import ROOT
 
@@ -107,7 +112,8 @@ def uv() -> str:
 
 def ensure(role: str, torch_spec: str, key: str, link: Path | None = None,
            python: str | None = None, need_gb: float | None = None,
-           bytecode: bool = False) -> Path:
+           bytecode: bool = False, over: Path | None = None,
+           built: Future | None = None) -> Path:
     """An environment with ``torch_spec`` (a wheel path or a requirement) and the test deps.
 
     ``key`` identifies the torch (a wheel's sha256, or the requirement); ``python`` the
@@ -118,6 +124,10 @@ def ensure(role: str, torch_spec: str, key: str, link: Path | None = None,
     each new process compiles what it imports, 5 s for torch and Dynamo, again and again where
     PYTHONDONTWRITEBYTECODE is set (as on this project's machines): worth it for `test`'s
     hundred processes, not for `wheel`'s one environment.
+
+    ``over``: the base wheel ``torch_spec`` (a patched wheel) was built from; uv installs the
+    base and `install_over` turns it into the patched build. ``built``: that build, under way
+    while uv installs the base (its errors are this call's).
     """
     link = link or ENVS.parent / role
     reqs = test_requirements()
@@ -137,7 +147,7 @@ def ensure(role: str, torch_spec: str, key: str, link: Path | None = None,
     if target.exists():
         shutil.rmtree(target)  # an earlier, interrupted attempt
     log = LOGS / f"{role}.log"
-    specs = [torch_spec, *reqs]
+    specs = [str(over) if over else torch_spec, *reqs]
 
     def run(cmd: list[str]) -> None:
         with open(log, "a") as out:
@@ -156,6 +166,13 @@ def ensure(role: str, torch_spec: str, key: str, link: Path | None = None,
             raise NoRoom(f"{role}: {free:.1f} GB free, its environment needs {need:.1f} GB")
         run([uv(), "pip", "install", "-q", *(["--compile-bytecode"] if bytecode else []),
              "--python", str(python_of(target)), *specs])
+        if over:
+            if built is not None:
+                built.result()
+            written = install_over(site_packages(target), over, Path(torch_spec))
+            if bytecode:
+                run([str(python_of(target)), "-m", "compileall", "-q",
+                     *(str(p) for p in written if p.suffix == ".py")])
         # torch.__version__ from the installed torch/version.py alone: `import torch` would take
         # longer than the install itself (seconds; more for a CUDA build).
         version = subprocess.run([str(python_of(target)), "-c", READ_VERSION],
@@ -175,6 +192,75 @@ def ensure(role: str, torch_spec: str, key: str, link: Path | None = None,
         # stays in uv's cache, reachable by nobody, until a prune removes such entries.
         subprocess.run([uv(), "cache", "prune", "-q"], capture_output=True)
     return link
+
+
+def site_packages(env: Path) -> Path:
+    return next(env.glob("lib/python*/site-packages"))
+
+
+def wheel_record(zf: zipfile.ZipFile) -> tuple[str, dict[str, str]]:
+    """A wheel's dist-info directory and its RECORD: path -> hash."""
+    dist_info = next(n.split("/")[0] for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
+    rows = csv.reader(io.StringIO(zf.read(f"{dist_info}/RECORD").decode()))
+    return dist_info, {row[0]: row[1] for row in rows if row}
+
+
+def install_over(site: Path, base: Path, wheel: Path) -> list[Path]:
+    """Make ``site``, where uv installed the wheel ``base``, hold ``wheel`` instead (a build of
+    it): the files whose RECORD hash differs, its dist-info, the installer's files moved over
+    and RECORD rewritten, as an install of ``wheel`` would leave them. Returns the files written.
+
+    Why not uv: to uv a new build is a new 700 MB wheel (1.1 GB for CUDA), unpacked into its
+    cache before it is linked, 3-4 s here; the base is in the cache already (the stock
+    environment), and the two differ in a hundred small files. Each is replaced by a rename,
+    never written in place: the files around it are hardlinks into uv's cache.
+    """
+    with zipfile.ZipFile(base) as zb:
+        old_info, old_record = wheel_record(zb)
+    with zipfile.ZipFile(wheel) as zw:
+        new_info, new_record = wheel_record(zw)
+        new_files = {p: zw.read(p) for p, h in new_record.items()
+                     if h and h != old_record.get(p)}
+    installed = {row[0]: row for row in csv.reader(io.StringIO(
+        (site / old_info / "RECORD").read_text())) if row}
+    written = []
+    for path, data in new_files.items():
+        dest = site / path
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.symfix")
+        tmp.write_bytes(data)
+        os.chmod(tmp, dest.stat().st_mode if dest.exists() else 0o644)
+        os.replace(tmp, dest)
+        installed[path] = [path, rawzip.record_hash(data), str(len(data))]
+        written.append(dest)
+        for pyc in (dest.parent / "__pycache__").glob(f"{dest.stem}.*.pyc"):
+            pyc.unlink()
+    for path in set(old_record) - set(new_record):
+        (site / path).unlink(missing_ok=True)
+        installed.pop(path, None)
+    # What the installer added beside the wheel's own files: INSTALLER, REQUESTED move over;
+    # direct_url.json names the new wheel; uv_cache.json described the base archive.
+    for path in [p for p in installed if p.startswith(old_info + "/")]:
+        name = path[len(old_info) + 1:]
+        del installed[path]
+        dest = site / new_info / name
+        if name == "uv_cache.json":
+            (site / path).unlink()
+        elif name == "direct_url.json":
+            # as uv writes it: a path segment escapes fewer characters than as_uri() does
+            url = "file://" + urllib.parse.quote(str(wheel.resolve()), safe="/!$&'()*+,;=:@~")
+            dest.write_text(json.dumps({"url": url, "archive_info": {}}, separators=(",", ":")))
+        elif name != "RECORD":
+            os.replace(site / path, dest)
+        if dest.is_file() and name != "RECORD":
+            data = dest.read_bytes()
+            installed[f"{new_info}/{name}"] = [f"{new_info}/{name}", rawzip.record_hash(data),
+                                               str(len(data))]
+    if old_info != new_info:
+        shutil.rmtree(site / old_info)
+    installed[f"{new_info}/RECORD"] = [f"{new_info}/RECORD", "", ""]
+    (site / new_info / "RECORD").write_bytes(rawzip.record_text(list(installed.values())))
+    return written
 
 
 def switch(link: Path, target: Path) -> None:
