@@ -9,7 +9,8 @@ the audited torch with that fix (and the fixes found so far) applied to a copy o
 patches change, the rest of the package linked.  A candidate that moves the capture past the
 failure is the fix for it; the proof tests of every fix found then run on the audited torch
 (where they must fail) and on the overlay (where they must pass).  A failure no fix moves past
-is checked against torch 2.15.0; else it has no known fix and gets a repro file.
+is checked against the series' oracle (torch 2.15.0, the environment `test --upstream`
+makes); else it has no known fix and gets a repro file.
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ from .errors import BadTarget
 from .series import Fix, git_blob_id, Patch, ROOT, Series
 
 ENGINE = ROOT / "torch" / "_symfix" / "audit.py"
-TORCH_215 = Path("/work/envs/torch-2.15.0/bin/python")
-FIXED_IN = "2.15.0"
+ORACLE = ROOT / ".symfix" / "upstream" / "bin" / "python"  # the series' oracle: `test --upstream`
 
 
 def engine():
@@ -285,12 +285,14 @@ def audit(series: Series, target: str, python: Path, repro_dir: Path, tests: boo
         # Findings no fix of the series removed: 2.15.0, or no known fix.
         left = [f for f, _, p in found if p is None]
         upstream = None
-        if left and TORCH_215.exists() and probe(TORCH_215)["dir"] != info["dir"]:
-            say(f"        {len(left)} left without a symfix fix: capturing with torch {FIXED_IN}")
+        fixed_in = series.upstream.get("requirement", "").partition("==")[2]
+        if left and fixed_in and ORACLE.exists() and probe(ORACLE)["dir"] != info["dir"] \
+                and probe(ORACLE)["version"].startswith(fixed_in):
+            say(f"        {len(left)} left without a symfix fix: capturing with torch {fixed_in}")
             try:
-                upstream = run_engine(TORCH_215, target)
+                upstream = run_engine(ORACLE, target)
             except BadTarget as e:
-                say(f"        torch {FIXED_IN}: {e}")
+                say(f"        torch {fixed_in}: {e}")
 
         # Proofs: each fix found fails its proof tests on the audited torch, passes on the overlay.
         fixes = [series.fix_for(p) for p in applied if any(q is p for _, _, q in found)]
@@ -320,7 +322,7 @@ def audit(series: Series, target: str, python: Path, repro_dir: Path, tests: boo
             elif upstream is not None and upstream["traced"] and not any(
                     same(f, g) or (f["kind"] == g["kind"] and f["user"] == g["user"])
                     for g in upstream["findings"]):
-                text = f"fixed in torch {FIXED_IN} (no symfix fix; {FIXED_IN} traces the step)"
+                text = f"fixed in torch {fixed_in} (no symfix fix; {fixed_in} traces the step)"
             else:
                 repro = eng.write_repro(str(repro_dir), n, f, target, info["version"])
                 why = "" if usable else " (the series cannot be tried on this torch)"

@@ -56,34 +56,54 @@ def timed_run(cmd: list[str], cwd: Path) -> float:
     return time.perf_counter() - t0
 
 
-def main_job(base: Path, python: str) -> dict[str, float]:
+def main_job(base: Path, python: str, repeat: int = 3) -> dict[str, float]:
     """The main job as a user meets it, against ``uv pip install`` of the stock wheel with what
     `wheel` installs beside torch: once a wheel uv has in its cache (hardlinks), once a copy of it
-    at a new path, which uv unpacks first, as it must the new patched wheel of a fresh clone.
+    at a new path, which uv unpacks first. Medians of ``repeat``; `test` runs once.
 
-    ``python``: the interpreter the environments are made for. The clone is of HEAD.
+    ``python``: the interpreter the environments are made for. The clone is of HEAD; each
+    fresh-clone run starts without its dist/, .symfix/ and .venv.
     """
     with tempfile.TemporaryDirectory(prefix="symfix-bench-") as tmp:
         tmp = Path(tmp)
         uv = envs.uv()
-        subprocess.run(["git", "clone", "-q", str(ROOT), str(tmp / "clone")], check=True)
-        (tmp / "unseen").mkdir()
-        unseen = shutil.copy2(base, tmp / "unseen" / base.name)
+        clone = tmp / "clone"
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+        runs = iter(range(1000))
 
-        def uv_install(wheel: Path, venv: Path) -> float:
+        def uv_install(wheel: Path) -> float:
+            venv = tmp / f"v{next(runs)}"
             return timed_run([uv, "venv", "-q", "--python", python, str(venv)], tmp) + timed_run(
                 [uv, "pip", "install", "-q", "--python", str(envs.python_of(venv)), str(wheel),
                  *envs.test_requirements()], tmp)
 
+        def unseen() -> float:
+            copy = tmp / f"u{next(runs)}" / base.name
+            copy.parent.mkdir()
+            shutil.copy2(base, copy)
+            return uv_install(copy)
+
         wheel = ["python3", "tools/symfix.py", "wheel", "--wheel", str(base), "--python", python]
-        return {
-            "uv_stock": uv_install(base, tmp / "v"),
-            "uv_stock_unseen": uv_install(unseen, tmp / "v-unseen"),
-            "fresh_clone": timed_run(wheel, tmp / "clone"),
-            "again": timed_run(wheel, tmp / "clone"),
-            "test": timed_run(["python3", "tools/symfix.py", "test", "--wheel", str(base),
-                               "--python", python], ROOT),
+
+        def fresh_clone() -> float:
+            for path in ("dist", ".symfix"):
+                shutil.rmtree(clone / path, ignore_errors=True)
+            (clone / ".venv").unlink(missing_ok=True)  # a link into .symfix/envs
+            return timed_run(wheel, clone)
+
+        def median(fn) -> float:
+            return statistics.median(fn() for _ in range(repeat))
+
+        times = {
+            "uv_stock": median(lambda: uv_install(base)),
+            "uv_stock_unseen": median(unseen),
+            "fresh_clone": median(fresh_clone),
+            "again": timed_run(wheel, clone),
         }
+    subprocess.run([uv, "cache", "prune", "-q"], capture_output=True)  # the unseen copies
+    times["test"] = timed_run(["python3", "tools/symfix.py", "test", "--wheel", str(base),
+                               "--python", python], ROOT)
+    return times
 
 
 def workload(python: Path, *args: str) -> dict | str:

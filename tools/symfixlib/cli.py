@@ -408,7 +408,7 @@ def cmd_bench(args) -> int:
     print(f"  rebuild with inputs unchanged  {w['rebuild']:7.2f} s   "
           f"{w['rebuild'] / w['build']:5.2f}x a fresh build")
     m = bench.main_job(base.path, args.python or sys.executable)
-    print("\nmain job, as a user runs it (base wheel on disk, one run each)")
+    print("\nmain job, as a user runs it (base wheel on disk; medians of 3, `test` once)")
     print(f"  uv venv + uv pip install of the stock wheel   {m['uv_stock']:7.2f} s   1.00x "
           "(uv's cache holds it)")
     print(f"    the same, a wheel uv has not unpacked yet   {m['uv_stock_unseen']:7.2f} s   "
