@@ -37,6 +37,7 @@ class TestSuiteShards(TestCase):
         self.assertEqual(set(started), {*(f"suite-{n}" for n in matrix.SUITE_SHARDS),
                                         "matrix-stock", *(f"control-{f.id}" for f in SERIES.fixes
                                                           if f.status == "in-base" and f.control)})
+        self.assertEqual(list(results), ["stock", "patched", "upstream", "control"])
         self.assertEqual(results["patched"], {t: "passed" for t in ids})
         self.assertEqual(results["stock"], {t: "failed" for t in ids})
         self.assertEqual(results["upstream"], "no room")

@@ -103,10 +103,9 @@ def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, s
     suite_runs = {name: runs.pop(name) for name in shards}
     merged = {t: next((r.outcomes[t] for r in suite_runs.values()
                        if r.outcomes[t] != "missing"), "missing") for t in ids}
-    results: dict[str, dict[str, str] | str] = {
-        role: python if isinstance(python, str) else runs.pop(role).outcomes
-        for role, python in pythons.items() if role != "patched"}
-    results["patched"] = merged
+    results: dict[str, dict[str, str] | str] = {  # the columns in the order of ``pythons``
+        role: merged if role == "patched" else python if isinstance(python, str)
+        else runs.pop(role).outcomes for role, python in pythons.items()}
     results["control"] = {name.removeprefix("control-"): run.outcomes
                           for name, run in runs.items()}
     return results, suite_runs
