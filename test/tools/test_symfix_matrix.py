@@ -18,6 +18,17 @@ SERIES = series.load()
 
 
 class TestSuiteShards(TestCase):
+    def test_shards_run_the_suite_once(self):
+        def runs(args: list[str], f: str) -> bool:
+            path, ignored = args[0], [a.removeprefix("--ignore=") for a in args[1:]]
+            return (f == path or f.startswith(path + "/")) and not any(
+                f == q or f.startswith(q + "/") for q in ignored)
+
+        files = [p.relative_to(ROOT).as_posix() for p in (ROOT / "test").rglob("test_*.py")]
+        self.assertGreater(len(files), 10)
+        for f in files:
+            self.assertEqual(sum(runs(a, f) for a in matrix.SUITE_SHARDS.values()), 1, f)
+
     def test_columns_read_from_the_shards(self):
         ids = matrix.all_test_ids(SERIES)
         started, lock = [], threading.Lock()

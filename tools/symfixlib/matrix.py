@@ -31,11 +31,19 @@ class Run:
 # The whole test/ suite runs in shards, so that both cores stay busy to the end beside the other
 # columns: a shard runs its path but the paths of the shards before it, so that together they
 # run test/ once. The audit's captures on stock and the gloo runs are the long ones.
-SHARD_PATHS = {"audit": "test/tools/test_symfix_audit.py", "tools": "test/tools",
-               "distributed": "test/distributed", "rest": "test"}
-SUITE_SHARDS = {name: [path, *(f"--ignore={p}" for p in list(SHARD_PATHS.values())[:i]
-                               if p.startswith(path + "/"))]
-                for i, (name, path) in enumerate(SHARD_PATHS.items())}
+def shard_args(paths: dict[str, str]) -> dict[str, list[str]]:
+    """pytest's arguments of each shard: its path, less the outermost of the earlier shards'
+    paths that lie inside it."""
+    out: dict[str, list[str]] = {}
+    for name, path in paths.items():
+        inside = [p for args in out.values() for p in args[:1] if p.startswith(path + "/")]
+        out[name] = [path, *(f"--ignore={p}" for p in inside
+                             if not any(p.startswith(q + "/") for q in inside))]
+    return out
+
+
+SUITE_SHARDS = shard_args({"audit": "test/tools/test_symfix_audit.py", "tools": "test/tools",
+                           "distributed": "test/distributed", "rest": "test"})
 
 
 def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None = None,
