@@ -422,8 +422,8 @@ class TestInstallOver(TestCase):
             return envs.site_packages(tmp / name)
 
         def tree(site: Path) -> dict[str, str]:
-            """path -> sha256 of torch's files; RECORD's rows in order; uv's cache note left out
-            (torch's dependencies are uv's work in both)"""
+            """path -> sha256 of torch's files (RECORD's rows sorted; uv's note on the archive
+            it cached left out)"""
             files = {}
             for p in site.glob("torch*/**/*"):
                 if p.is_file() and "__pycache__" not in p.parts and p.name != "uv_cache.json":
@@ -444,6 +444,26 @@ class TestInstallOver(TestCase):
         with zipfile.ZipFile(base.path) as zf:
             self.assertEqual((again / "torch" / "version.py").read_bytes(),
                              zf.read("torch/version.py"))
+
+    def test_patch_that_does_not_apply_switches_nothing(self):
+        # the build fails while uv installs the base beside it: one line, and no environment
+        tmp = Path(tempfile.mkdtemp(prefix="symfix-test-"))
+        self.addCleanup(shutil.rmtree, tmp)
+        base = make_wheel(tmp / MINI, without_requirements(mini_files()))
+        broken = series_with_broken_patch(tmp, 0)
+        with mock.patch.object(series, "load", return_value=broken), \
+                mock.patch.object(cli, "VENV", tmp / "venv"), \
+                mock.patch.object(envs, "ENVS", tmp / "envs"), \
+                mock.patch.object(envs, "LOGS", tmp / "logs"), \
+                mock.patch.object(envs, "test_requirements", return_value=[]), \
+                mock.patch("sys.stdout"), mock.patch("sys.stderr") as err:
+            rc = cli.main(["wheel", "--wheel", str(base), "--dist", str(tmp / "dist")])
+        printed = "".join(c.args[0] for c in err.write.call_args_list)
+        self.assertEqual(rc, 1)
+        self.assertRegex(printed, rf"^symfix: patch {SERIES.patches[0].name} does not apply")
+        self.assertEqual(len(printed.strip().splitlines()), 1, printed)
+        self.assertFalse((tmp / "venv").exists() or (tmp / "venv").is_symlink())
+        self.assertEqual(list((tmp / "envs").iterdir()), [])
 
 
 class TestRealWheel(TestCase):
