@@ -188,8 +188,9 @@ def ensure(role: str, torch_spec: str, key: str, link: Path | None = None,
     for old in replaced:
         shutil.rmtree(old, ignore_errors=True)
     if replaced:
-        # uv keys a local wheel by path and time: the build this one replaced (1 GB unpacked)
-        # stays in uv's cache, reachable by nobody, until a prune removes such entries.
+        # uv keys a local wheel by path and time: one it unpacked for a replaced environment (a
+        # build given to `test --patched`, 1 GB) stays in its cache, reachable by nobody, until
+        # a prune removes such entries.
         subprocess.run([uv(), "cache", "prune", "-q"], capture_output=True)
     return link
 
