@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import os
 import re
@@ -21,6 +19,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 from wheel.wheelfile import WheelError, WheelFile
 
+from . import rawzip
 from .errors import Refused
 from .series import as_lf, git_blob_id, Series
 
@@ -225,7 +224,7 @@ def verify(path: Path, series: Series) -> BaseWheel:
         git_version = _py_assign(version_py, "git_version")
         if git_version != base["commit"]:
             raise Refused(f"{what}: built from {git_version}, not {base['tag']} ({base['commit']})")
-        record = {row[0] for row in csv.reader(io.StringIO(record_text)) if row}
+        record = set(rawzip.read_record(record_text))
         sha = sha256_file(path)
         known = base.get("known-wheels", {}).get(path.name)
         if known and known != sha:

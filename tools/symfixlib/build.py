@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import ast
-import csv
 import hashlib
-import io
 import json
 import os
 import pprint
@@ -163,8 +161,7 @@ def build(series: Series, base: BaseWheel, dist: Path, say=print) -> tuple[Path,
     dist_info = f"torch-{version}.dist-info"
     with zipfile.ZipFile(base.path) as zf:
         infos = zf.infolist()
-        base_record = {row[0]: row[1:3] for row in csv.reader(
-            io.StringIO(zf.read(f"{base.dist_info}/RECORD").decode())) if row}
+        base_record = rawzip.read_record(zf.read(f"{base.dist_info}/RECORD").decode())
         by_name = {i.filename: i for i in infos}
         touched = {path: zf.read(path) for path in series.touched_files() if path in by_name}
         crlf = {path for path, data in touched.items() if b"\r\n" in data}
@@ -219,7 +216,7 @@ def build(series: Series, base: BaseWheel, dist: Path, say=print) -> tuple[Path,
                     record_rows.append((renamed(name), rawzip.record_hash(data), str(len(data))))
                     yield rawzip.new_member(renamed(name), data, info)
                 else:
-                    record_rows.append((renamed(name), *base_record[name]))
+                    record_rows.append((renamed(name), *base_record[name][1:3]))
                     yield rawzip.raw_member(zf, info, renamed(name))
             record_rows.append((f"{dist_info}/RECORD", "", ""))
             yield rawzip.new_member(f"{dist_info}/RECORD", rawzip.record_text(record_rows),

@@ -12,9 +12,7 @@ pip configuration, so a local wheel is handed to it by path.
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import os
 import re
@@ -202,8 +200,8 @@ def site_packages(env: Path) -> Path:
 def wheel_record(zf: zipfile.ZipFile) -> tuple[str, dict[str, str]]:
     """A wheel's dist-info directory and its RECORD: path -> hash."""
     dist_info = next(n.split("/")[0] for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
-    rows = csv.reader(io.StringIO(zf.read(f"{dist_info}/RECORD").decode()))
-    return dist_info, {row[0]: row[1] for row in rows if row}
+    rows = rawzip.read_record(zf.read(f"{dist_info}/RECORD").decode())
+    return dist_info, {path: row[1] for path, row in rows.items()}
 
 
 def install_over(site: Path, base: Path, wheel: Path) -> list[Path]:
@@ -222,8 +220,7 @@ def install_over(site: Path, base: Path, wheel: Path) -> list[Path]:
         new_info, new_record = wheel_record(zw)
         new_files = {p: zw.read(p) for p, h in new_record.items()
                      if h and h != old_record.get(p)}
-    installed = {row[0]: row for row in csv.reader(io.StringIO(
-        (site / old_info / "RECORD").read_text())) if row}
+    installed = rawzip.read_record((site / old_info / "RECORD").read_text())
     written = []
     for path, data in new_files.items():
         dest = site / path
@@ -232,7 +229,7 @@ def install_over(site: Path, base: Path, wheel: Path) -> list[Path]:
         tmp.write_bytes(data)
         os.chmod(tmp, dest.stat().st_mode if dest.exists() else 0o644)
         os.replace(tmp, dest)
-        installed[path] = [path, rawzip.record_hash(data), str(len(data))]
+        installed[path] = [path, new_record[path], str(len(data))]
         written.append(dest)
         for pyc in (dest.parent / "__pycache__").glob(f"{dest.stem}.*.pyc"):
             pyc.unlink()

@@ -65,6 +65,11 @@ def record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
+def read_record(text: str) -> dict[str, list[str]]:
+    """A RECORD's rows by path: [path, hash, size]."""
+    return {row[0]: row for row in csv.reader(io.StringIO(text)) if row}
+
+
 def record_text(rows: list[tuple[str, str, str]]) -> bytes:
     out = io.StringIO()
     csv.writer(out, lineterminator="\n").writerows(rows)
