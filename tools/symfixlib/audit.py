@@ -286,8 +286,8 @@ def audit(series: Series, target: str, python: Path, repro_dir: Path, tests: boo
         left = [f for f, _, p in found if p is None]
         upstream = None
         fixed_in = series.upstream.get("requirement", "").partition("==")[2]
-        if left and fixed_in and ORACLE.exists() and probe(ORACLE)["dir"] != info["dir"] \
-                and probe(ORACLE)["version"].startswith(fixed_in):
+        oracle = probe(ORACLE) if left and fixed_in and ORACLE.exists() else None
+        if oracle and oracle["dir"] != info["dir"] and oracle["version"].startswith(fixed_in):
             say(f"        {len(left)} left without a symfix fix: capturing with torch {fixed_in}")
             try:
                 upstream = run_engine(ORACLE, target)

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import statistics
@@ -69,7 +70,7 @@ def main_job(base: Path, python: str, repeat: int = 3) -> dict[str, float]:
         uv = envs.uv()
         clone = tmp / "clone"
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
-        runs = iter(range(1000))
+        runs = itertools.count()
 
         def uv_install(wheel: Path) -> float:
             venv = tmp / f"v{next(runs)}"

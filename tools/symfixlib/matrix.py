@@ -28,9 +28,6 @@ class Run:
     log: Path
 
 
-# The whole test/ suite runs in shards, so that both cores stay busy to the end beside the other
-# columns: a shard runs its path but the paths of the shards before it, so that together they
-# run test/ once. The audit's captures on stock and the gloo runs are the long ones.
 def shard_args(paths: dict[str, str]) -> dict[str, list[str]]:
     """pytest's arguments of each shard: its path, less the outermost of the earlier shards'
     paths that lie inside it."""
@@ -42,6 +39,9 @@ def shard_args(paths: dict[str, str]) -> dict[str, list[str]]:
     return out
 
 
+# The whole test/ suite runs in shards, so that both cores stay busy to the end beside the other
+# columns: a shard runs its path but the paths of the shards before it, so that together they
+# run test/ once. The audit's captures on stock and the gloo runs are the long ones.
 SUITE_SHARDS = shard_args({"audit": "test/tools/test_symfix_audit.py", "tools": "test/tools",
                            "distributed": "test/distributed", "rest": "test"})
 
