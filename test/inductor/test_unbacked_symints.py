@@ -1,15 +1,30 @@
 # Owner(s): ["module: inductor"]
+import contextlib
+
 import sympy
 import torch
 import torch.nn.functional as F
 from torch._dynamo.source import ConstantSource
 from torch._inductor import ir
 from torch._inductor.graph import GraphLowering
-from torch._inductor.utils import fresh_cache
 from torch._inductor.virtualized import V
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.testing._internal.common_utils import run_tests, TestCase
 from torch.utils._sympy.printers import PythonPrinter
+
+
+@contextlib.contextmanager
+def _no_graph_caches():
+    # Lowering runs on every compile (no FX graph or AOT autograd cache hit
+    # skips it); compiled kernels may still come from the code cache.
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(
+        enable_autograd_cache=False
+    ):
+        yield
+
 
 # Dimension orders as understood by Layout.is_stride_ordered (0 = smallest stride).
 NCHW = [3, 2, 1, 0]
@@ -157,7 +172,7 @@ class TestStrideOrderCompile(TestCase):
         w = torch.randn(5, 5, 5, 5)
         s = torch.randn(())
         torch._dynamo.reset()
-        with fresh_cache():
+        with _no_graph_caches():
             out = torch.compile(f, dynamic=True, backend="inductor")(x, w, s)
         for got, ref in zip(out, f(x, w, s)):
             self.assertEqual(got, ref, atol=1e-4, rtol=1e-4)
@@ -309,7 +324,7 @@ class TestCompoundStrideCompile(TestCase):
         w2 = torch.randn(6, 5, 3, 3)
         args = (x.to(memory_format=torch.channels_last), w1, w2, pad_len)
         torch._dynamo.reset()
-        with fresh_cache():
+        with _no_graph_caches():
             got = torch.compile(fn, backend="inductor", dynamic=True)(*args)
         ref = fn(*args)
         self.assertEqual(len(got), len(ref))
@@ -356,7 +371,7 @@ class TestCompoundStrideCompile(TestCase):
             torch.randn(16, 16, 2, 2),
         )
         torch._dynamo.reset()
-        with fresh_cache():
+        with _no_graph_caches():
             got = torch.compile(fn, backend="inductor", dynamic=True)(*args)
         ref = fn(*args)
         for g, r in zip(got, ref):
@@ -378,7 +393,7 @@ class TestCompoundStrideCompile(TestCase):
         torch.manual_seed(0)
         args = (torch.randn(2, 3, 64, 48), torch.randn(16, 3, 7, 7))
         torch._dynamo.reset()
-        with fresh_cache():
+        with _no_graph_caches():
             got = torch.compile(fn, backend="inductor", dynamic=True)(*args)
         ref = fn(*args)
         for g, r in zip(got, ref):

@@ -3,7 +3,9 @@
 of the suite's shards ran each test."""
 
 import sys
+import tempfile
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 from unittest import mock
 
@@ -54,6 +56,49 @@ class TestSuiteShards(TestCase):
         self.assertEqual(results["upstream"], "no room")
         self.assertEqual(set(results["control"]),
                          {f.id for f in SERIES.fixes if f.status == "in-base" and f.control})
+
+    def test_longest_first_by_last_run(self):
+        # jobs start in the order of the last run's times (pytest's last line in each job's log),
+        # longest first; a job without a time yet starts before all, in the usual order
+        class Inline:  # a pool that runs each job when it is submitted
+            def __init__(self, workers):
+                pass
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def submit(self, fn):
+                future = Future()
+                future.set_result(fn())
+                return future
+
+        started = []
+
+        def fake_run(python, test_ids, log, control=None, suite=None, extra_env=None):
+            started.append(log.stem)
+            return matrix.Run(dict.fromkeys(test_ids, "passed"), 0, "ran", log)
+
+        with tempfile.TemporaryDirectory() as tmp:
+            logs = Path(tmp)
+            (logs / "suite-audit.log").write_text("...\n8 passed, 3 subtests passed in 96.31s "
+                                                  "(0:01:36)\n")
+            (logs / "matrix-stock.log").write_text("100 failed, 79 passed in 78.39s (0:01:18)")
+            (logs / "suite-rest.log").write_text("== 60 passed in 5.2s ==\n")
+            (logs / "suite-tools.log").write_text("Traceback (most recent call last):\n")
+            self.assertEqual(matrix.last_seconds(logs / "suite-audit.log"), 96.31)
+            self.assertEqual(matrix.last_seconds(logs / "suite-tools.log"), float("inf"))
+            self.assertEqual(matrix.last_seconds(logs / "nothing.log"), float("inf"))
+            with (mock.patch.object(matrix, "run_tests", fake_run),
+                  mock.patch.object(matrix, "ThreadPoolExecutor", Inline),
+                  mock.patch.object(matrix, "LOGS", logs)):
+                matrix.run_columns(SERIES, {"stock": Path("stock"), "patched": Path("p")}, {})
+        controls = [f"control-{f.id}" for f in SERIES.fixes
+                    if f.status == "in-base" and f.control and f.tests]
+        self.assertEqual(started, ["suite-tools", "suite-distributed", "suite-inductor",
+                                   *controls, "suite-audit", "matrix-stock", "suite-rest"])
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -43,7 +45,28 @@ def shard_args(paths: dict[str, str]) -> dict[str, list[str]]:
 # columns: a shard runs its path but the paths of the shards before it, so that together they
 # run test/ once. The audit's captures on stock and the gloo runs are the long ones.
 SUITE_SHARDS = shard_args({"audit": "test/tools/test_symfix_audit.py", "tools": "test/tools",
-                           "distributed": "test/distributed", "rest": "test"})
+                           "distributed": "test/distributed", "inductor": "test/inductor",
+                           "rest": "test"})
+
+
+def last_seconds(log: Path) -> float:
+    """How long the job that writes ``log`` took last time (pytest's last line says); a job
+    that has not run yet counts as the longest."""
+    try:
+        last = log.read_text().strip().rsplit("\n", 1)[-1]
+    except OSError:
+        return math.inf
+    m = re.search(r" in ([\d.]+)s\b", last)
+    return float(m.group(1)) if m else math.inf
+
+
+# Python's own tracebacks: pytest's parse the source of every frame of a failure, and a failure
+# deep in Dynamo has a hundred; on stock, where half the tests fail, that was 40 s of 110.
+PYTEST_ARGS = ["-p", "symfixlib.outcomes_plugin", "-q", "-rfE", "--tb=native", "--durations=10"]
+# Each job has a core of its own (two at a time): Inductor's pool of compile workers, a process
+# that imports torch again in every job that compiles, would only take the other job's core.
+# Set by the user, theirs wins.
+JOB_ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
 
 
 def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None = None,
@@ -64,7 +87,7 @@ def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None 
         with tempfile.TemporaryDirectory(prefix="symfix-matrix-") as tmp:
             wanted, result = Path(tmp, "wanted.json"), Path(tmp, "outcomes.json")
             wanted.write_text(json.dumps(test_ids))
-            env = {**os.environ, **(extra_env or {}), "SYMFIX_OUTCOMES": str(result),
+            env = {**JOB_ENV, **os.environ, **(extra_env or {}), "SYMFIX_OUTCOMES": str(result),
                    "PYTHONPATH": os.pathsep.join([*([str(overlay)] if overlay else []),
                                                   str(ROOT / "tools")])}
             if not suite:
@@ -73,9 +96,8 @@ def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None 
                 env["SYMFIX_CONTROL"] = control
             log.parent.mkdir(parents=True, exist_ok=True)
             with open(log, "w") as out:
-                rc = subprocess.run([str(python), "-m", "pytest", "-p", "symfixlib.outcomes_plugin",
-                                     "-q", "-rfE", "--durations=10", *files], cwd=ROOT, env=env,
-                                    stdout=out, stderr=subprocess.STDOUT).returncode
+                rc = subprocess.run([str(python), "-m", "pytest", *PYTEST_ARGS, *files], cwd=ROOT,
+                                    env=env, stdout=out, stderr=subprocess.STDOUT).returncode
             if result.exists():
                 outcomes = json.loads(result.read_text())
             summary = (log.read_text().strip().splitlines() or ["no output"])[-1].strip("= ")
@@ -86,27 +108,31 @@ def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, s
                 suite: bool = True) -> tuple[dict[str, dict[str, str] | str], dict[str, Run]]:
     """Every column of the matrix, and (``suite``) the whole test suite on the patched build.
 
-    Two jobs at a time, one a core, the longest first: the fixes' tests on stock and upstream,
-    the suite's shards on the patched build (its column is read from them; without ``suite``
-    only the fixes' tests), each in-base fix's tests on stock with its control. ``pythons``: role ->
-    interpreter, or why it was skipped. Returns the columns and the suite's runs by shard.
+    Two jobs at a time, one a core, the longest first (``last_seconds``): the fixes' tests on
+    stock and upstream, the suite's shards on the patched build (its column is read from them;
+    without ``suite`` only the fixes' tests), each in-base fix's tests on stock with its control.
+    ``pythons``: role -> interpreter, or why it was skipped. Returns the columns and the suite's
+    runs by shard.
     """
     ids = all_test_ids(series)
     jobs: dict[str, Callable[[], Run]] = {
-        role: partial(run_tests, python, ids, LOGS / f"matrix-{role}.log", extra_env=env)
+        role: partial(run_tests, python, ids, log=LOGS / f"matrix-{role}.log", extra_env=env)
         for role, python in pythons.items() if role != "patched" and not isinstance(python, str)}
     shards = ({name: (paths, f"suite-{name}") for name, paths in SUITE_SHARDS.items()} if suite
               else {"patched": (None, "matrix-patched")})
     for name, (paths, log) in shards.items():
-        jobs[name] = partial(run_tests, pythons["patched"], ids, LOGS / f"{log}.log", suite=paths,
-                             extra_env=env)
+        jobs[name] = partial(run_tests, pythons["patched"], ids, log=LOGS / f"{log}.log",
+                             suite=paths, extra_env=env)
     for fix in series.fixes:
         if fix.status == "in-base" and fix.control and fix.tests:
             jobs[f"control-{fix.id}"] = partial(
-                run_tests, pythons["stock"], list(fix.tests), LOGS / f"control-{fix.id}.log",
+                run_tests, pythons["stock"], list(fix.tests), log=LOGS / f"control-{fix.id}.log",
                 control=fix.id, extra_env=env)
+    # longest first by the last run's times, so that the two cores finish together
+    order = sorted(jobs, key=lambda name: -last_seconds(jobs[name].keywords["log"]))
     with ThreadPoolExecutor(2) as pool:  # in submission order
-        runs = {name: f.result() for name, f in [(n, pool.submit(j)) for n, j in jobs.items()]}
+        futures = {name: pool.submit(jobs[name]) for name in order}
+        runs = {name: futures[name].result() for name in jobs}
 
     suite_runs = {name: runs.pop(name) for name in shards}
     merged = {t: next((r.outcomes[t] for r in suite_runs.values()
