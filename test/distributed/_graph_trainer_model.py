@@ -739,9 +739,15 @@ def _worker(rank, world, out_dir, variants, shapes, hint, beyond_upstream=False)
             json.dump(out, f, indent=1)
 
 
+# What the server that forks the ranks imports once for every run: each rank is
+# a process of its own, without the importing.
+FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "torch.distributed.tensor", __name__]
+
+
 def run_workload(
     world=2, variants=("flex", "sdpa"), shapes=((1, 1),), hint=(4, 8), beyond_upstream=False
 ):
+    mp.set_forkserver_preload(FORKSERVER_PRELOAD)
     with tempfile.TemporaryDirectory() as d:
         mp.start_processes(
             _worker,
@@ -753,7 +759,7 @@ def run_workload(
                 tuple(hint),
                 beyond_upstream,
             ),
-            nprocs=world, join=True, start_method="spawn"
+            nprocs=world, join=True, start_method="forkserver"
         )
         results = []
         for r in range(world):

@@ -2,8 +2,7 @@
 import contextlib
 import math
 import os
-import subprocess
-import sys
+import runpy
 import tempfile
 
 import sympy
@@ -21,6 +20,14 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.testing._internal.common_utils import run_tests, TestCase
 from torch.testing._internal.distributed.fake_pg import FakeStore
+
+# what the server that forks the gloo ranks imports once for all of them
+_FORKSERVER_PRELOAD = [
+    "torch",
+    "torch._dynamo",
+    "torch.distributed.tensor",
+    "torch.testing._internal.common_utils",
+]
 
 
 def _sin_of_local(x):
@@ -929,41 +936,52 @@ _GLOO_RANK_MAINS = {
 
 
 def _run_gloo_ranks(test, main, world_size):
-    # run _GLOO_RANK_MAINS[main] on world_size gloo ranks, each a fresh
-    # interpreter running this file (independent of how the test runner
-    # imported it), and fail the test with the output of a failed rank
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # run _GLOO_RANK_MAINS[main] on world_size gloo ranks: each a process of
+    # its own that runs this file again (however the test runner imported it),
+    # forked from a server that imported torch and Dynamo once for all ranks
+    # of all these tests; fail the test with the output of a failed rank
+    ctx = torch.multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(_FORKSERVER_PRELOAD)
     with tempfile.TemporaryDirectory() as tmp:
-        init_file = os.path.join(tmp, "store")
+        logs = [os.path.join(tmp, f"rank{rank}.log") for rank in range(world_size)]
         procs = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    os.path.abspath(__file__),
-                    _GLOO_RANK_FLAG,
-                    main,
-                    str(rank),
-                    str(world_size),
-                    init_file,
-                ],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                env=env,
-                text=True,
+            ctx.Process(
+                target=runpy.run_path,
+                kwargs={
+                    "path_name": os.path.abspath(__file__),
+                    "run_name": _GLOO_RANK_RUN,
+                    "init_globals": {
+                        "GLOO_RANK": (main, rank, world_size, tmp, logs[rank])
+                    },
+                },
             )
             for rank in range(world_size)
         ]
-        outputs = []
+        for proc in procs:
+            proc.start()
         try:
             for proc in procs:
-                outputs.append(proc.communicate(timeout=300)[0])
+                proc.join(timeout=300)
         finally:
             for proc in procs:
-                if proc.poll() is None:
+                if proc.is_alive():
                     proc.kill()
-                    proc.wait()
-    for rank, (proc, output) in enumerate(zip(procs, outputs)):
-        test.assertEqual(proc.returncode, 0, msg=f"rank {rank} failed:\n{output[-6000:]}")
+                    proc.join()
+        for rank, (proc, log) in enumerate(zip(procs, logs)):
+            output = open(log).read() if os.path.exists(log) else "(no output)"
+            test.assertEqual(
+                proc.exitcode, 0, msg=f"rank {rank} failed:\n{output[-6000:]}"
+            )
+
+
+def _gloo_rank(main, rank, world_size, tmp, log):
+    # one rank of _run_gloo_ranks, its output in its log; the ranks share the
+    # machine's cores
+    with open(log, "w") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+    torch.set_num_threads(1)
+    _GLOO_RANK_MAINS[main](rank, world_size, os.path.join(tmp, "store"))
 
 
 class TestDTensorToLocalBackwardSymbolicGloo(TestCase):
@@ -991,10 +1009,9 @@ class TestDTensorToLocalBackwardUnevenShardGloo(TestCase):
         _run_gloo_ranks(self, "uneven_seq_shard", self.world_size)
 
 
-_GLOO_RANK_FLAG = "--gloo-rank"
+_GLOO_RANK_RUN = "__gloo_rank__"  # __name__ of this file run as one gloo rank
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == _GLOO_RANK_FLAG:
-        _GLOO_RANK_MAINS[sys.argv[2]](int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
-    else:
-        run_tests()
+    run_tests()
+elif __name__ == _GLOO_RANK_RUN:
+    _gloo_rank(*GLOO_RANK)  # noqa: F821 - set by _run_gloo_ranks
