@@ -367,8 +367,9 @@ Behaviour kept (pass before and after):
         git(self.src, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "moved on")
         head = git(self.src, "rev-parse", "HEAD")
         proc = self.export(FIRST.id)
-        self.assertEqual(proc.returncode, 1)
-        self.assertRegex(proc.stderr, f"patch {SERIES.patches[0].name} does not apply")
+        self.assertEqual(proc.returncode, 2, proc.stderr)  # bad input: the target moved on
+        self.assertRegex(proc.stderr, f"^symfix: patch {SERIES.patches[0].name} does not apply")
+        self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
         self.assertEqual(git(self.src, "rev-parse", "HEAD"), head)
         self.assertEqual(git(self.src, "symbolic-ref", "--short", "HEAD"), "release/2.13")
         self.assertEqual(git(self.src, "status", "--porcelain"), "")

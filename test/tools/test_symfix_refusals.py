@@ -1,9 +1,12 @@
 # Owner(s): ["module: ci"]
-"""Every bad input to `status`, `export`, `source` and `worktree`: one line on stderr, exit code 2,
-no traceback; and `status --rebase-onto` without an environment for that torch."""
+"""Every bad input to `status`, `export`, `source` and `worktree`, and a build interrupted: one line
+on stderr, exit code 2, no traceback; and `status --rebase-onto` without an environment for that
+torch."""
 
 import json
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import zipfile
@@ -121,6 +124,28 @@ class TestRefusals(TestCase):
         self.assertRefused("torch 2.14.1 is not a base symfix carries a series for", "worktree",
                            str(self.tmp / "new"), "--wheel", str(self.corrupt))
         self.assertFalse((self.tmp / "new").exists())
+
+
+class TestInterrupted(TestCase):
+    def test_sigterm_during_the_build_leaves_nothing(self):
+        # SIGTERM (a CI timeout, say) once the last patch is applied, as the wheel is about
+        # to be written: one line, exit code 2, no wheel and no partial file in --dist
+        with tempfile.TemporaryDirectory(prefix="symfix-interrupted-") as tmp:
+            dist = Path(tmp, "dist")
+            proc = subprocess.Popen(
+                [sys.executable, str(ROOT / "tools" / "symfix.py"), "wheel", "--wheel",
+                 str(real_base_wheel()), "--no-venv", "--dist", str(dist)],
+                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            lines = []
+            for line in proc.stdout:
+                lines.append(line)
+                if line.lstrip().startswith(SERIES.patches[-1].name[:4]):
+                    proc.send_signal(signal.SIGTERM)
+                    break
+            out, err = proc.communicate(timeout=60)
+            self.assertEqual((proc.returncode, err), (2, "symfix: interrupted\n"),
+                             "".join(lines) + out)
+            self.assertEqual(list(dist.glob("*")), [])
 
 
 class TestRebaseWithoutEnvironment(TestCase):

@@ -459,7 +459,7 @@ class TestInstallOver(TestCase):
                 mock.patch("sys.stdout"), mock.patch("sys.stderr") as err:
             rc = cli.main(["wheel", "--wheel", str(base), "--dist", str(tmp / "dist")])
         printed = "".join(c.args[0] for c in err.write.call_args_list)
-        self.assertEqual(rc, 1)
+        self.assertEqual(rc, 2)  # bad input
         self.assertRegex(printed, rf"^symfix: patch {SERIES.patches[0].name} does not apply")
         self.assertEqual(len(printed.strip().splitlines()), 1, printed)
         self.assertFalse((tmp / "venv").exists() or (tmp / "venv").is_symlink())

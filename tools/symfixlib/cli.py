@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
 from . import audit, basewheel, bench, build, checkout, envs, export, matrix, series, source
-from .errors import BadTarget, EnvError, NoRoom, PatchFailed, Refused, SeriesError
+from .errors import BadTarget, NoRoom, Refused, SymfixError
 from .series import ROOT
 
 CACHE = ROOT / ".symfix" / "cache"
@@ -456,14 +457,9 @@ def cmd_audit(args) -> int:
                       + ("" if args.python else " (run `python3 tools/symfix.py wheel` first)"))
     path = args.target.partition(":")[0] if not Path(args.target).is_file() else args.target
     if not Path(path).is_file():
-        print(f"symfix: audit: {path}: no such file", file=sys.stderr)
-        return 2
-    try:
-        return audit.audit(series.load(), args.target, python, Path(args.repro_dir),
-                           tests=not args.no_tests)
-    except BadTarget as e:
-        print(f"symfix: audit: {e}", file=sys.stderr)
-        return 2
+        raise BadTarget(f"{path}: no such file")
+    return audit.audit(series.load(), args.target, python, Path(args.repro_dir),
+                       tests=not args.no_tests)
 
 
 def series_table(all_series: list[series.Series]) -> str:
@@ -580,14 +576,16 @@ def main(argv: list[str] | None = None) -> int:
     tb = sub.add_parser("table", help="write the series table into README.md")
     tb.add_argument("--check", action="store_true", help="only check that it is current")
     args = p.parse_args(argv)
+    # A run stopped by SIGTERM (a CI timeout, say) cleans up as one stopped by Ctrl-C does.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return {"wheel": cmd_wheel, "test": cmd_test, "status": cmd_status,
                 "table": cmd_table, "worktree": cmd_worktree,
                 "source": cmd_source, "export": cmd_export, "bench": cmd_bench,
                 "audit": cmd_audit}[args.verb](args)
-    except Refused as e:
-        print(f"symfix: refusing {e}", file=sys.stderr)
+    except SymfixError as e:
+        print(f"symfix: {e.what}{e}", file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (above); every step cleaned up after itself
+        print("symfix: interrupted", file=sys.stderr)
         return 2
-    except (PatchFailed, SeriesError, EnvError) as e:
-        print(f"symfix: {e}", file=sys.stderr)
-        return 1

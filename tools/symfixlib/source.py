@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from . import build
+from .errors import BuildFailed
 from .series import ROOT, Series
 
 REPO_URL = "https://github.com/pytorch/pytorch"
@@ -55,18 +56,23 @@ def run_build(src: Path, cmd: list[str], env: dict[str, str], log: Path, say=pri
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=src, env={**os.environ, **env}, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        for line in proc.stdout:
-            out.write(line)
-            if m := re.match(r"\s*\[(\d+)/(\d+)\]", line):  # ninja's progress
-                done, total = int(m.group(1)), int(m.group(2))
-                progress = f"[{done}/{total}] {100 * done // total}%"
-            if time.monotonic() - last >= 10:
-                last = time.monotonic()
-                say(f"        building {progress or '…'} {int(last - t0) // 60}m"
-                    f"{int(last - t0) % 60:02d}s  (log: {log})")
+        try:
+            for line in proc.stdout:
+                out.write(line)
+                if m := re.match(r"\s*\[(\d+)/(\d+)\]", line):  # ninja's progress
+                    done, total = int(m.group(1)), int(m.group(2))
+                    progress = f"[{done}/{total}] {100 * done // total}%"
+                if time.monotonic() - last >= 10:
+                    last = time.monotonic()
+                    say(f"        building {progress or '…'} {int(last - t0) // 60}m"
+                        f"{int(last - t0) % 60:02d}s  (log: {log})")
+        except BaseException:  # interrupted: the build stops with us
+            proc.kill()
+            proc.wait()
+            raise
         if proc.wait():
             tail = "".join(log.read_text().splitlines(True)[-15:])
-            raise build.PatchFailed(f"the build failed (exit {proc.returncode}); see {log}\n{tail}")
+            raise BuildFailed(f"the build failed (exit {proc.returncode}); see {log}\n{tail}")
 
 
 def build_wheel(src: Path, series: Series, python: str, out: Path, head: str, say=print) -> Path:
@@ -88,7 +94,7 @@ def build_wheel(src: Path, series: Series, python: str, out: Path, head: str, sa
                   say)
         wheels = list(tmp.glob("torch-*.whl"))
         if len(wheels) != 1:
-            raise build.PatchFailed(f"the build made {len(wheels)} torch wheels, expected one")
+            raise BuildFailed(f"the build made {len(wheels)} torch wheels, expected one")
         final = out / wheels[0].name
         os.replace(wheels[0], final)
         return final
