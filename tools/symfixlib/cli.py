@@ -446,7 +446,7 @@ def cmd_bench(args) -> int:
         print(f"         model x{p['large_size']}, shape {p['large_step_shape']}: "
               f"{p['step_unbacked_large_cpu_s'] * 1e3:.1f} / "
               f"{p['step_static_large_cpu_s'] * 1e3:.1f} ms   unbacked/static "
-              f"{p['step_overhead_unbacked_vs_static_large_cpu']:5.2f}x")
+              f"{p['step_overhead_unbacked_vs_static_large_cpu']:5.2f}x (median of paired steps)")
     return 0
 
 
