@@ -2,9 +2,12 @@
 """Tests of `tools/symfix.py test`'s schedule: the matrix's patched column is read from whichever
 of the suite's shards ran each test."""
 
+import os
+import signal
 import sys
 import tempfile
 import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 from unittest import mock
@@ -56,6 +59,26 @@ class TestSuiteShards(TestCase):
         self.assertEqual(results["upstream"], "no room")
         self.assertEqual(set(results["control"]),
                          {f.id for f in SERIES.fixes if f.status == "in-base" and f.control})
+
+    def test_interrupted_starts_no_more_jobs(self):
+        # Ctrl-C while the jobs run: the KeyboardInterrupt reaches the waiting main thread;
+        # the jobs not started yet never start (the running ones' pytest got the SIGINT too)
+        started = []
+
+        def fake_run(python, test_ids, log, control=None, suite=None, extra_env=None):
+            started.append(log.stem)
+            time.sleep(0.1)
+            if log.stem == started[0]:  # Ctrl-C, once every job is submitted and a few ran
+                time.sleep(0.2)
+                os.kill(os.getpid(), signal.SIGINT)
+            return matrix.Run(dict.fromkeys(test_ids, "passed"), 0, "ran", log)
+
+        with mock.patch.object(matrix, "run_tests", fake_run), \
+                self.assertRaises(KeyboardInterrupt):
+            matrix.run_columns(SERIES, {"stock": Path("stock"), "patched": Path("p")}, {})
+        jobs = len(matrix.SUITE_SHARDS) + 1 + sum(
+            f.status == "in-base" and bool(f.control and f.tests) for f in SERIES.fixes)
+        self.assertLess(len(started), jobs, started)
 
     def test_longest_first_by_last_run(self):
         # jobs start in the order of the last run's times (pytest's last line in each job's log),

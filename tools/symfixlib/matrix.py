@@ -132,7 +132,11 @@ def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, s
     order = sorted(jobs, key=lambda name: -last_seconds(jobs[name].keywords["log"]))
     with ThreadPoolExecutor(2) as pool:  # in submission order
         futures = {name: pool.submit(jobs[name]) for name in order}
-        runs = {name: futures[name].result() for name in jobs}
+        try:
+            runs = {name: futures[name].result() for name in jobs}
+        except BaseException:  # Ctrl-C: the running jobs' pytest got it too; start no more
+            pool.shutdown(cancel_futures=True)
+            raise
 
     suite_runs = {name: runs.pop(name) for name in shards}
     merged = {t: next((r.outcomes[t] for r in suite_runs.values()
