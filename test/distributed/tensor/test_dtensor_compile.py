@@ -968,7 +968,10 @@ def _run_gloo_ranks(test, main, world_size):
                     proc.kill()
                     proc.join()
         for rank, (proc, log) in enumerate(zip(procs, logs)):
-            output = open(log).read() if os.path.exists(log) else "(no output)"
+            output = "(no output)"
+            if os.path.exists(log):
+                with open(log) as f:
+                    output = f.read()
             test.assertEqual(
                 proc.exitcode, 0, msg=f"rank {rank} failed:\n{output[-6000:]}"
             )
