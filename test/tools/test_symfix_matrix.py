@@ -3,9 +3,11 @@
 of the suite's shards ran each test."""
 
 import os
+import shutil
 import signal
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from concurrent.futures import Future
@@ -80,6 +82,44 @@ class TestSuiteShards(TestCase):
                 self.assertRaises(KeyboardInterrupt):
             matrix.run_columns(SERIES, {"stock": Path("stock"), "patched": Path("p")}, {})
         self.assertLess(len(started), len(matrix.SUITE_SHARDS) + 1 + len(CONTROL_JOBS), started)
+
+    def test_interrupt_stops_the_running_jobs(self):
+        # SIGTERM reaches symfix alone (cli.main makes it a KeyboardInterrupt): a running job's
+        # pytest is interrupted, instead of running to its end; also where it inherited SIGINT
+        # ignored, as a job of a shell's background job does
+        for sig, handler in ((signal.SIGINT, signal.SIG_IGN),
+                             (signal.SIGTERM, signal.default_int_handler)):
+            self.addCleanup(signal.signal, sig, signal.signal(sig, handler))
+        tmp = Path(tempfile.mkdtemp(prefix="symfix-matrix-test-"))
+        self.addCleanup(shutil.rmtree, tmp)
+        (tmp / "test_sleep.py").write_text(textwrap.dedent(f"""
+            import pathlib, time
+            def test_sleep():
+                pathlib.Path({str(tmp / "started")!r}).touch()
+                time.sleep(30)
+                pathlib.Path({str(tmp / "finished")!r}).touch()
+            """))
+        real_run, runs = matrix.run_tests, []
+
+        def one_real_job(python, test_ids, log, control=None, suite=None, extra_env=None):
+            if runs:  # the other jobs: quick fakes
+                return matrix.Run({}, 0, "ran", log)
+            runs.append(log)
+            return real_run(Path(sys.executable), [], tmp / "job.log",
+                            suite=[str(tmp / "test_sleep.py")])
+
+        def interrupt_once_started():
+            while not (tmp / "started").exists():
+                time.sleep(0.1)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=interrupt_once_started, daemon=True).start()
+        with mock.patch.object(matrix, "run_tests", one_real_job), \
+                self.assertRaises(KeyboardInterrupt):
+            matrix.run_columns(SERIES, {"stock": Path("stock"), "patched": Path("p")}, {})
+        self.assertFalse((tmp / "finished").exists())
+        self.assertIn("KeyboardInterrupt", (tmp / "job.log").read_text())
+        self.assertEqual(matrix.RUNNING, set())
 
     def test_longest_first_by_last_run(self):
         # jobs start in the order of the last run's times (pytest's last line in each job's log),

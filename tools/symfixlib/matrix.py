@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
+import signal
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -67,6 +69,14 @@ PYTEST_ARGS = ["-p", "symfixlib.outcomes_plugin", "-q", "-rfE", "--tb=native", "
 # that imports torch again in every job that compiles, would only take the other job's core.
 # Set by the user, theirs wins.
 JOB_ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+# The jobs' pytest processes while they run, each the leader of a process group of its own: an
+# interrupt of symfix (Ctrl-C, or SIGTERM, which reaches symfix alone) is passed on to each group.
+RUNNING: set[subprocess.Popen] = set()
+
+
+def interrupt(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+        os.killpg(proc.pid, signal.SIGINT)
 
 
 def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None = None,
@@ -95,9 +105,17 @@ def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None 
             if control:
                 env["SYMFIX_CONTROL"] = control
             log.parent.mkdir(parents=True, exist_ok=True)
-            with open(log, "w") as out:
-                rc = subprocess.run([str(python), "-m", "pytest", *PYTEST_ARGS, *files], cwd=ROOT,
-                                    env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+            with open(log, "w") as out, subprocess.Popen(
+                    [str(python), "-m", "pytest", *PYTEST_ARGS, *files], cwd=ROOT, env=env,
+                    stdout=out, stderr=subprocess.STDOUT, process_group=0) as proc:
+                RUNNING.add(proc)
+                try:
+                    rc = proc.wait()
+                except BaseException:  # interrupted in the main thread (`audit`)
+                    interrupt(proc)
+                    raise
+                finally:
+                    RUNNING.discard(proc)
             if result.exists():
                 outcomes = json.loads(result.read_text())
             summary = (log.read_text().strip().splitlines() or ["no output"])[-1].strip("= ")
@@ -134,8 +152,10 @@ def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, s
         futures = {name: pool.submit(jobs[name]) for name in order}
         try:
             runs = {name: futures[name].result() for name in jobs}
-        except BaseException:  # Ctrl-C: the running jobs' pytest got it too; start no more
-            pool.shutdown(cancel_futures=True)
+        except BaseException:  # Ctrl-C or SIGTERM: start no more jobs, stop the running ones
+            pool.shutdown(wait=False, cancel_futures=True)
+            for proc in list(RUNNING):  # the pool's threads wait for them
+                interrupt(proc)
             raise
 
     suite_runs = {name: runs.pop(name) for name in shards}

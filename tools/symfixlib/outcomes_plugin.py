@@ -7,8 +7,13 @@ skipped) go to.
 
 import json
 import os
+import signal
 
 _outcomes: dict[str, str] = {}
+
+# A job started from a shell's background job inherits SIGINT ignored, and Python then leaves it
+# so; symfix interrupts its jobs with SIGINT (matrix.interrupt).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):
