@@ -2,7 +2,6 @@
 """Tests of `tools/symfix.py test`'s schedule: the matrix's patched column is read from whichever
 of the suite's shards ran each test."""
 
-import os
 import shutil
 import signal
 import sys
@@ -67,7 +66,7 @@ class TestSuiteShards(TestCase):
 
     def test_interrupted_starts_no_more_jobs(self):
         # Ctrl-C while the jobs run: the KeyboardInterrupt reaches the waiting main thread;
-        # the jobs not started yet never start (the running ones' pytest got the SIGINT too)
+        # the jobs not started yet never start (the running ones stop: the test below)
         started = []
 
         def fake_run(python, test_ids, log, control=None, suite=None, extra_env=None):
@@ -75,7 +74,7 @@ class TestSuiteShards(TestCase):
             time.sleep(0.1)
             if log.stem == started[0]:  # Ctrl-C, once every job is submitted and a few ran
                 time.sleep(0.2)
-                os.kill(os.getpid(), signal.SIGINT)
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
             return matrix.Run(dict.fromkeys(test_ids, "passed"), 0, "ran", log)
 
         with mock.patch.object(matrix, "run_tests", fake_run), \
@@ -111,7 +110,9 @@ class TestSuiteShards(TestCase):
         def interrupt_once_started():
             while not (tmp / "started").exists():
                 time.sleep(0.1)
-            os.kill(os.getpid(), signal.SIGTERM)
+            # to the main thread, as the kernel delivers a kill from outside: another thread
+            # taking it would leave the main thread's wait unbroken
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
 
         threading.Thread(target=interrupt_once_started, daemon=True).start()
         with mock.patch.object(matrix, "run_tests", one_real_job), \
