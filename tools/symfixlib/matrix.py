@@ -111,8 +111,9 @@ def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None 
                 RUNNING.add(proc)
                 try:
                     rc = proc.wait()
-                except BaseException:  # interrupted in the main thread (`audit`)
+                except BaseException:  # interrupted in the main thread (`status`, `audit`)
                     interrupt(proc)
+                    proc.wait()  # as the pool's threads do for `test`
                     raise
                 finally:
                     RUNNING.discard(proc)
