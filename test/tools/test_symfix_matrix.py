@@ -2,6 +2,7 @@
 """Tests of `tools/symfix.py test`'s schedule: the matrix's patched column is read from whichever
 of the suite's shards ran each test."""
 
+import math
 import shutil
 import signal
 import sys
@@ -82,46 +83,6 @@ class TestSuiteShards(TestCase):
             matrix.run_columns(SERIES, {"stock": Path("stock"), "patched": Path("p")}, {})
         self.assertLess(len(started), len(matrix.SUITE_SHARDS) + 1 + len(CONTROL_JOBS), started)
 
-    def test_interrupt_stops_the_running_jobs(self):
-        # SIGTERM reaches symfix alone (cli.main makes it a KeyboardInterrupt): a running job's
-        # pytest is interrupted, instead of running to its end; also where it inherited SIGINT
-        # ignored, as a job of a shell's background job does
-        for sig, handler in ((signal.SIGINT, signal.SIG_IGN),
-                             (signal.SIGTERM, signal.default_int_handler)):
-            self.addCleanup(signal.signal, sig, signal.signal(sig, handler))
-        tmp = Path(tempfile.mkdtemp(prefix="symfix-matrix-test-"))
-        self.addCleanup(shutil.rmtree, tmp)
-        (tmp / "test_sleep.py").write_text(textwrap.dedent(f"""
-            import pathlib, time
-            def test_sleep():
-                pathlib.Path({str(tmp / "started")!r}).touch()
-                time.sleep(30)
-                pathlib.Path({str(tmp / "finished")!r}).touch()
-            """))
-        real_run, runs = matrix.run_tests, []
-
-        def one_real_job(python, test_ids, log, control=None, suite=None, extra_env=None):
-            if runs:  # the other jobs: quick fakes
-                return matrix.Run({}, 0, "ran", log)
-            runs.append(log)
-            return real_run(Path(sys.executable), [], tmp / "job.log",
-                            suite=[str(tmp / "test_sleep.py")])
-
-        def interrupt_once_started():
-            while not (tmp / "started").exists():
-                time.sleep(0.1)
-            # to the main thread, as the kernel delivers a kill from outside: another thread
-            # taking it would leave the main thread's wait unbroken
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
-
-        threading.Thread(target=interrupt_once_started, daemon=True).start()
-        with mock.patch.object(matrix, "run_tests", one_real_job), \
-                self.assertRaises(KeyboardInterrupt):
-            matrix.run_columns(SERIES, {"stock": Path("stock"), "patched": Path("p")}, {})
-        self.assertFalse((tmp / "finished").exists())
-        self.assertIn("KeyboardInterrupt", (tmp / "job.log").read_text())
-        self.assertEqual(matrix.RUNNING, set())
-
     def test_longest_first_by_last_run(self):
         # jobs start in the order of the last run's times (pytest's last line in each job's log),
         # longest first; a job without a time yet starts before all, in the usual order
@@ -162,6 +123,67 @@ class TestSuiteShards(TestCase):
                 matrix.run_columns(SERIES, {"stock": Path("stock"), "patched": Path("p")}, {})
         self.assertEqual(started, ["suite-tools", "suite-distributed", "suite-inductor",
                                    *CONTROL_JOBS, "suite-audit", "matrix-stock", "suite-rest"])
+
+
+class TestInterrupt(TestCase):
+    """SIGTERM reaches symfix alone (cli.main makes it a KeyboardInterrupt): a running job's
+    pytest is interrupted and waited for, instead of running to its end; also where the job
+    inherited SIGINT ignored, as a job of a shell's background job does."""
+
+    def setUp(self):
+        for sig, handler in ((signal.SIGINT, signal.SIG_IGN),
+                             (signal.SIGTERM, signal.default_int_handler)):
+            self.addCleanup(signal.signal, sig, signal.signal(sig, handler))
+        self.tmp = Path(tempfile.mkdtemp(prefix="symfix-matrix-test-"))
+        self.addCleanup(shutil.rmtree, self.tmp)
+        (self.tmp / "test_sleep.py").write_text(textwrap.dedent(f"""
+            import pathlib, time
+            def test_sleep():
+                pathlib.Path({str(self.tmp / "started")!r}).touch()
+                time.sleep(30)
+                pathlib.Path({str(self.tmp / "finished")!r}).touch()
+            """))
+
+        def interrupt_once_started():
+            while not (self.tmp / "started").exists():
+                time.sleep(0.1)
+            # to the main thread, as the kernel delivers a kill from outside: another thread
+            # taking it would leave the main thread's wait unbroken
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+
+        threading.Thread(target=interrupt_once_started, daemon=True).start()
+
+    def sleeping_job(self, run_tests=matrix.run_tests) -> matrix.Run:
+        return run_tests(Path(sys.executable), [], self.tmp / "job.log",
+                         suite=[str(self.tmp / "test_sleep.py")])
+
+    def assertStopped(self):
+        self.assertFalse((self.tmp / "finished").exists())
+        log = (self.tmp / "job.log").read_text()
+        self.assertIn("KeyboardInterrupt", log)
+        self.assertIsNot(matrix.last_seconds(self.tmp / "job.log"), math.inf, log)  # it ended
+        self.assertEqual(matrix.RUNNING, set())
+
+    def test_test_stops_its_running_jobs(self):
+        # jobs in the pool's threads: the main thread passes the interrupt on
+        runs = []
+
+        def one_real_job(python, test_ids, log, control=None, suite=None, extra_env=None):
+            if runs:  # the other jobs: quick fakes
+                return matrix.Run({}, 0, "ran", log)
+            runs.append(log)
+            return self.sleeping_job()
+
+        with mock.patch.object(matrix, "run_tests", one_real_job), \
+                self.assertRaises(KeyboardInterrupt):
+            matrix.run_columns(SERIES, {"stock": Path("stock"), "patched": Path("p")}, {})
+        self.assertStopped()
+
+    def test_status_stops_its_job(self):
+        # a job waited on in the main thread (`status`, `audit`)
+        with self.assertRaises(KeyboardInterrupt):
+            self.sleeping_job()
+        self.assertStopped()
 
 
 if __name__ == "__main__":
