@@ -265,6 +265,8 @@ class TestBuild(TestCase):
         first, _ = self.build("a")
         second, _ = self.build("b")
         self.assertEqual(sha256(first), sha256(second))
+        # the sha256 `wheel` prints, hashed as the file was written
+        self.assertEqual(basewheel.remembered(SERIES.root, first, "sha256"), sha256(first))
         again, reused = self.build("a")
         self.assertTrue(reused)
         self.assertEqual(again, first)

@@ -225,16 +225,31 @@ def build(series: Series, base: BaseWheel, dist: Path, say=print) -> tuple[Path,
         dist.mkdir(parents=True, exist_ok=True)
         for stale in dist.glob(".torch-*.partial"):  # left by a build that was killed
             stale.unlink()
+        # Written aside and renamed into place: a killed build leaves no wheel under its name. No
+        # fsync, as pip and uv install without one: flushing the 530 MB CUDA wheel took 1.7 s,
+        # more than building it; a build is reproducible, and made again in a second.
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=dist)
         try:
             with os.fdopen(fd, "wb") as f:
-                rawzip.write(f, members())
-                f.flush()
-                os.fsync(f.fileno())
+                hashed = Hashing(f)
+                rawzip.write(hashed, members())
             os.chmod(tmp, 0o644)  # mkstemp makes it private; a wheel is for everyone to read
             os.replace(tmp, out)
         except BaseException:
             os.unlink(tmp)
             raise
     remember(series.root, out, "built", key)
+    remember(series.root, out, "sha256", hashed.sha256.hexdigest())
     return out, False
+
+
+class Hashing:
+    """A file that hashes what is written to it: the wheel's sha256 without reading the wheel
+    back (0.4 s for the 530 MB CUDA wheel)."""
+
+    def __init__(self, f):
+        self.f, self.sha256 = f, hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.sha256.update(data)
+        return self.f.write(data)

@@ -45,7 +45,8 @@ def rel(path: Path) -> str:
 
 
 def sha256_short(path: Path) -> str:
-    return basewheel.sha256_file(path)[:12]
+    """A wheel's sha256, as `wheel` recorded it when it wrote the file, else read."""
+    return (basewheel.remembered(ROOT, path, "sha256") or basewheel.sha256_file(path))[:12]
 
 
 def series_tag(args) -> str:
