@@ -105,9 +105,11 @@ def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None 
             if control:
                 env["SYMFIX_CONTROL"] = control
             log.parent.mkdir(parents=True, exist_ok=True)
+            # (no terminal input: a read from a group of its own would stop the job)
             with open(log, "w") as out, subprocess.Popen(
                     [str(python), "-m", "pytest", *PYTEST_ARGS, *files], cwd=ROOT, env=env,
-                    stdout=out, stderr=subprocess.STDOUT, process_group=0) as proc:
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    process_group=0) as proc:
                 RUNNING.add(proc)
                 try:
                     rc = proc.wait()
