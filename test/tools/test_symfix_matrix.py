@@ -19,7 +19,7 @@ from torch.testing._internal.common_utils import run_tests, TestCase
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from symfixlib import matrix, series  # noqa: E402
+from symfixlib import children, matrix, series  # noqa: E402
 
 SERIES = series.load()
 # the logs of the control jobs `test` runs: each in-base fix with a control and tests
@@ -165,7 +165,7 @@ class TestInterrupt(TestCase):
         log = (self.tmp / "job.log").read_text()
         self.assertIn("KeyboardInterrupt", log)
         self.assertLess(matrix.last_seconds(self.tmp / "job.log"), math.inf, log)  # it ended
-        self.assertEqual(matrix.RUNNING, set())
+        self.assertEqual(children.RUNNING, {})
 
     def test_test_stops_its_running_jobs(self):
         # jobs in the pool's threads: the main thread passes the interrupt on

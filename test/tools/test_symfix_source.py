@@ -7,9 +7,12 @@ packs torch/ into a wheel named after PYTORCH_BUILD_VERSION, as PyTorch's build 
 """
 
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import zipfile
 from pathlib import Path
 
@@ -19,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from symfixlib import build, checkout, series  # noqa: E402
+from symfixlib import build, checkout, series, source  # noqa: E402
 from symfixlib.errors import PatchFailed, Refused  # noqa: E402
 from test_symfix_wheel import real_base_wheel, series_with_broken_patch  # noqa: E402
 
@@ -179,6 +182,35 @@ class TestSource(TestCase):
     def test_not_a_checkout(self):
         with self.assertRaisesRegex(Refused, "not a git checkout"):
             checkout.verify(self.tmp, SERIES)
+
+
+class TestBuildInterrupted(TestCase):
+    def test_the_whole_build_stops(self):
+        # SIGTERM (a CI timeout, say) during PyTorch's build: not only the command symfix ran
+        # (pip) stops, but what it started (setup.py, ninja, the compilers); here a grandchild
+        tmp = Path(tempfile.mkdtemp(prefix="symfix-source-test-"))
+        self.addCleanup(shutil.rmtree, tmp)
+        self.addCleanup(signal.signal, signal.SIGTERM,
+                        signal.signal(signal.SIGTERM, signal.default_int_handler))  # as cli.main
+        compiler = (f"import pathlib, time; pathlib.Path({str(tmp / 'started')!r}).touch(); "
+                    f"time.sleep(3); pathlib.Path({str(tmp / 'finished')!r}).touch()")
+        build_cmd = [sys.executable, "-c", "import subprocess, sys; "
+                     f"subprocess.run([sys.executable, '-c', {compiler!r}])"]
+
+        def interrupt_once_started():
+            deadline = time.monotonic() + 60  # a build that never starts fails the test alone
+            while not (tmp / "started").exists():
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.05)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+
+        threading.Thread(target=interrupt_once_started, daemon=True).start()
+        with self.assertRaises(KeyboardInterrupt):
+            source.run_build(tmp, build_cmd, {}, tmp / "build.log", say=lambda line: None)
+        time.sleep(4)  # the grandchild would have finished by now
+        self.assertTrue((tmp / "started").exists())
+        self.assertFalse((tmp / "finished").exists())
 
 
 if __name__ == "__main__":

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import re
-import signal
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -18,6 +16,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from . import children
 from .series import bases, Fix, ROOT, Series
 
 PASS, FAIL = "passed", "failed"
@@ -69,14 +68,6 @@ PYTEST_ARGS = ["-p", "symfixlib.outcomes_plugin", "-q", "-rfE", "--tb=native", "
 # that imports torch again in every job that compiles, would only take the other job's core.
 # Set by the user, theirs wins.
 JOB_ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
-# The jobs' pytest processes while they run, each the leader of a process group of its own: an
-# interrupt of symfix (Ctrl-C, or SIGTERM, which reaches symfix alone) is passed on to each group.
-RUNNING: set[subprocess.Popen] = set()
-
-
-def interrupt(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):  # ended meanwhile
-        os.killpg(proc.pid, signal.SIGINT)
 
 
 def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None = None,
@@ -105,20 +96,11 @@ def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None 
             if control:
                 env["SYMFIX_CONTROL"] = control
             log.parent.mkdir(parents=True, exist_ok=True)
-            # (no terminal input: a read from a group of its own would stop the job)
-            with open(log, "w") as out, subprocess.Popen(
+            # SIGINT stops a job as Ctrl-C would: pytest tears down and logs its summary
+            with open(log, "w") as out, children.started(
                     [str(python), "-m", "pytest", *PYTEST_ARGS, *files], cwd=ROOT, env=env,
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    process_group=0) as proc:
-                RUNNING.add(proc)
-                try:
-                    rc = proc.wait()
-                except BaseException:  # interrupted in the main thread (`status`, `audit`)
-                    interrupt(proc)
-                    proc.wait()  # as the pool's threads do for `test`
-                    raise
-                finally:
-                    RUNNING.discard(proc)
+                    stdout=out, stderr=subprocess.STDOUT) as proc:
+                rc = proc.wait()
             if result.exists():
                 outcomes = json.loads(result.read_text())
             summary = (log.read_text().strip().splitlines() or ["no output"])[-1].strip("= ")
@@ -157,8 +139,7 @@ def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, s
             runs = {name: futures[name].result() for name in jobs}
         except BaseException:  # Ctrl-C or SIGTERM: start no more jobs, stop the running ones
             pool.shutdown(wait=False, cancel_futures=True)
-            for proc in list(RUNNING):  # the pool's threads wait for them
-                interrupt(proc)
+            children.interrupt_all()  # the pool's threads wait for them to end
             raise
 
     suite_runs = {name: runs.pop(name) for name in shards}

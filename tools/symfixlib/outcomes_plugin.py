@@ -12,7 +12,7 @@ import signal
 _outcomes: dict[str, str] = {}
 
 # A job started from a shell's background job inherits SIGINT ignored, and Python then leaves it
-# so; symfix interrupts its jobs with SIGINT (matrix.interrupt).
+# so; symfix interrupts its jobs with SIGINT (children.started).
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from . import build
+from . import build, children
 from .errors import BuildFailed
 from .series import ROOT, Series
 
@@ -53,26 +54,24 @@ def run_build(src: Path, cmd: list[str], env: dict[str, str], log: Path, say=pri
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = last = time.monotonic()
     progress = ""
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=src, env={**os.environ, **env}, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        try:
-            for line in proc.stdout:
-                out.write(line)
-                if m := re.match(r"\s*\[(\d+)/(\d+)\]", line):  # ninja's progress
-                    done, total = int(m.group(1)), int(m.group(2))
-                    progress = f"[{done}/{total}] {100 * done // total}%"
-                if time.monotonic() - last >= 10:
-                    last = time.monotonic()
-                    say(f"        building {progress or '…'} {int(last - t0) // 60}m"
-                        f"{int(last - t0) % 60:02d}s  (log: {log})")
-        except BaseException:  # interrupted: the build stops with us
-            proc.kill()
-            proc.wait()
-            raise
-        if proc.wait():
-            tail = "".join(log.read_text().splitlines(True)[-15:])
-            raise BuildFailed(f"the build failed (exit {proc.returncode}); see {log}\n{tail}")
+    # SIGTERM to the build's group: pip and setup.py end, ninja stops its compilers and removes
+    # their partial outputs (SIGINT may be ignored where a shell's background job started us)
+    with open(log, "w") as out, children.started(
+            cmd, stop=signal.SIGTERM, cwd=src, env={**os.environ, **env}, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+        for line in proc.stdout:
+            out.write(line)
+            if m := re.match(r"\s*\[(\d+)/(\d+)\]", line):  # ninja's progress
+                done, total = int(m.group(1)), int(m.group(2))
+                progress = f"[{done}/{total}] {100 * done // total}%"
+            if time.monotonic() - last >= 10:
+                last = time.monotonic()
+                say(f"        building {progress or '…'} {int(last - t0) // 60}m"
+                    f"{int(last - t0) % 60:02d}s  (log: {log})")
+        rc = proc.wait()
+    if rc:
+        tail = "".join(log.read_text().splitlines(True)[-15:])
+        raise BuildFailed(f"the build failed (exit {rc}); see {log}\n{tail}")
 
 
 def build_wheel(src: Path, series: Series, python: str, out: Path, head: str, say=print) -> Path:
