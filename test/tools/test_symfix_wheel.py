@@ -408,7 +408,8 @@ class TestEnvironmentBytecode(TestCase):
 
 class TestInstallOver(TestCase):
     """`wheel` has uv install the base (in its cache: hardlinks) and writes the patched build's
-    own files over it (envs.install_over), instead of having uv unpack the new build."""
+    own files over it from the build's plan (envs.install_over), instead of having uv unpack the
+    new build."""
 
     def test_same_as_installing_the_patched_wheel(self):
         tmp = Path(tempfile.mkdtemp(prefix="symfix-test-"))
@@ -438,7 +439,7 @@ class TestInstallOver(TestCase):
 
         direct = env("direct", out)
         over = env("over", base.path)
-        written = envs.install_over(over, base.path, out)
+        written = envs.install_over(over, build.plan(SERIES, base, say=lambda patch: None), out)
         self.assertEqual(tree(over), tree(direct))
         self.assertIn(over / "torch" / "version.py", written)
         # the base's files in uv's cache, hardlinked into the environment, are untouched

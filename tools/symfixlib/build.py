@@ -5,12 +5,15 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import mmap
 import os
 import pprint
 import re
 import subprocess
 import tempfile
 import zipfile
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import rawzip
@@ -149,97 +152,137 @@ def apply_series(series: Series, files: dict[str, bytes], say=print) -> dict[str
                 for path in {c.path for p in series.wheel_patches for c in p.changes}}
 
 
-def build(series: Series, base: BaseWheel, dist: Path, say=print) -> tuple[Path, bool]:
-    """Build the patched wheel into ``dist``; returns (path, reused an up-to-date build)."""
+@dataclass
+class Plan:
+    """The patched wheel before it is written: the base's members in order, each under its name
+    in the new wheel, copied as stored (data None) or replaced by ``data``, and its RECORD last."""
+    base: BaseWheel
+    key: str  # the build key: base, patches, own files
+    dist_info: str
+    members: list[tuple[str, zipfile.ZipInfo, bytes | None]]
+    record: list[tuple[str, str, str]]
+    deleted: list[str]  # the base's files that a patch deletes
+
+    def files(self) -> dict[str, bytes]:
+        """The new wheel's files that the base does not have as they are (its RECORD too)."""
+        return {name: data for name, _, data in self.members if data is not None}
+
+
+def plan(series: Series, base: BaseWheel, say=print) -> Plan:
+    """Apply the series to ``base``: what its patched wheel holds (``say`` hears of each patch)."""
     version = stamped_version(base.version, series.label)
     key = build_key(series, base)
-    out = output_path(series, base, dist)
-    if out.is_file() and key in (remembered(series.root, out, "built"),
-                                 (read_provenance(out) or {}).get("BUILD_KEY")):
-        return out, True
-
     dist_info = f"torch-{version}.dist-info"
     with zipfile.ZipFile(base.path) as zf:
         infos = zf.infolist()
         base_record = rawzip.read_record(zf.read(f"{base.dist_info}/RECORD").decode())
         by_name = {i.filename: i for i in infos}
         touched = {path: zf.read(path) for path in series.touched_files() if path in by_name}
-        crlf = {path for path, data in touched.items() if b"\r\n" in data}
-        changed = apply_series(series, {path: as_lf(data) for path, data in touched.items()}, say)
-        for path in crlf & {p for p, data in changed.items() if data is not None}:
-            changed[path] = changed[path].replace(b"\n", b"\r\n")  # keep the wheel's line ends
-
         version_py = zf.read("torch/version.py").decode()
-        stamped, n = re.subn(r"^__version__ = '[^']*'", f"__version__ = '{version}'",
-                             version_py, flags=re.M)
-        if n != 1:
-            raise PatchFailed("torch/version.py: cannot find the __version__ line to stamp")
-        changed["torch/version.py"] = stamped.encode()
-        changed.update(own_files(series.root))
-        changed[PROVENANCE] = provenance_module(
-            series, {"version": base.version, "wheel": base.path.name, "sha256": base.sha256},
-            version, key)
         metadata_name = f"{base.dist_info}/METADATA"
-        metadata, n = re.subn(r"^Version: [^\r\n]*", f"Version: {version}",
-                              zf.read(metadata_name).decode(), count=1, flags=re.M)
-        if n != 1:
-            raise PatchFailed(f"{metadata_name}: cannot find the Version line to stamp")
-        changed[metadata_name] = metadata.encode()
+        metadata = zf.read(metadata_name).decode()
+    crlf = {path for path, data in touched.items() if b"\r\n" in data}
+    changed = apply_series(series, {path: as_lf(data) for path, data in touched.items()}, say)
+    for path in crlf & {p for p, data in changed.items() if data is not None}:
+        changed[path] = changed[path].replace(b"\n", b"\r\n")  # keep the wheel's line ends
 
-        def renamed(name: str) -> str:
-            if name.startswith(base.dist_info + "/"):
-                return dist_info + name[len(base.dist_info):]
-            return name
+    stamped, n = re.subn(r"^__version__ = '[^']*'", f"__version__ = '{version}'", version_py,
+                         flags=re.M)
+    if n != 1:
+        raise PatchFailed("torch/version.py: cannot find the __version__ line to stamp")
+    changed["torch/version.py"] = stamped.encode()
+    changed.update(own_files(series.root))
+    changed[PROVENANCE] = provenance_module(
+        series, {"version": base.version, "wheel": base.path.name, "sha256": base.sha256},
+        version, key)
+    metadata, n = re.subn(r"^Version: [^\r\n]*", f"Version: {version}", metadata, count=1,
+                          flags=re.M)
+    if n != 1:
+        raise PatchFailed(f"{metadata_name}: cannot find the Version line to stamp")
+    changed[metadata_name] = metadata.encode()
 
-        record_rows = []
+    members, record = [], []
 
-        def members():
-            version_info = by_name["torch/version.py"]
-            added = [p for p in changed if p not in by_name and changed[p] is not None]
-            for info in infos:
-                name = info.filename
-                if name == f"{base.dist_info}/RECORD":
-                    continue
-                if name.startswith(base.dist_info + "/") and added:
-                    # New files (the provenance module, files a patch adds) go before dist-info.
-                    for path in sorted(added):
-                        record_rows.append((path, rawzip.record_hash(changed[path]),
-                                            str(len(changed[path]))))
-                        yield rawzip.new_member(path, changed[path], version_info)
-                    added = []
-                if name.endswith("/"):  # a directory entry: no data, no RECORD row
-                    yield rawzip.raw_member(zf, info, renamed(name))
-                elif name in changed:
-                    data = changed[name]
-                    if data is None:  # deleted by a patch
-                        continue
-                    record_rows.append((renamed(name), rawzip.record_hash(data), str(len(data))))
-                    yield rawzip.new_member(renamed(name), data, info)
-                else:
-                    record_rows.append((renamed(name), *base_record[name][1:3]))
-                    yield rawzip.raw_member(zf, info, renamed(name))
-            record_rows.append((f"{dist_info}/RECORD", "", ""))
-            yield rawzip.new_member(f"{dist_info}/RECORD", rawzip.record_text(record_rows),
-                                    by_name[f"{base.dist_info}/RECORD"])
+    def add(name: str, info: zipfile.ZipInfo, data: bytes | None) -> None:
+        members.append((name, info, data))
+        if name.endswith("/"):  # a directory entry: no data, no RECORD row
+            return
+        record.append((name, *base_record[info.filename][1:3]) if data is None else
+                      (name, rawzip.record_hash(data), str(len(data))))
 
-        dist.mkdir(parents=True, exist_ok=True)
-        for stale in dist.glob(".torch-*.partial"):  # left by a build that was killed
-            stale.unlink()
-        # Written aside and renamed into place: a killed build leaves no wheel under its name. No
-        # fsync, as pip and uv install without one: flushing the 530 MB CUDA wheel took 1.7 s,
-        # more than building it; a build is reproducible, and made again in a second.
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=dist)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                hashed = Hashing(f)
-                rawzip.write(hashed, members())
-            os.chmod(tmp, 0o644)  # mkstemp makes it private; a wheel is for everyone to read
-            os.replace(tmp, out)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+    added = sorted(p for p in changed if p not in by_name and changed[p] is not None)
+    record_name = f"{base.dist_info}/RECORD"
+    for info in infos:
+        name = info.filename
+        if name == record_name:
+            continue
+        if name.startswith(base.dist_info + "/"):
+            # New files (the provenance module, files a patch adds) go before dist-info.
+            for path in added:
+                add(path, by_name["torch/version.py"], changed[path])
+            added = []
+            name = dist_info + name[len(base.dist_info):]
+        if info.filename not in changed:
+            add(name, info, None)
+        elif changed[info.filename] is not None:  # None: deleted by a patch
+            add(name, info, changed[info.filename])
+    record.append((f"{dist_info}/RECORD", "", ""))
+    members.append((f"{dist_info}/RECORD", by_name[record_name], rawzip.record_text(record)))
+    deleted = sorted(p for p, data in changed.items() if data is None and p in by_name)
+    return Plan(base, key, dist_info, members, record, deleted)
+
+
+def write(plan: Plan, out: Path) -> str:
+    """Write the wheel ``plan`` describes to ``out``; returns its sha256."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(".torch-*.partial"):  # left by a build that was killed
+        stale.unlink()
+    # Written aside and renamed into place: a killed build leaves no wheel under its name. No
+    # fsync, as pip and uv install without one: flushing the 530 MB CUDA wheel took 1.7 s,
+    # more than building it; a build is reproducible, and made again in a second.
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
+    try:
+        with open(plan.base.path, "rb") as base, os.fdopen(fd, "wb") as f:
+            # The stored members are written from a map of the base: no copy of 530 MB through
+            # a read buffer. The map closes when the last view of it is gone.
+            stored = memoryview(mmap.mmap(base.fileno(), 0, access=mmap.ACCESS_READ))
+            hashed = Hashing(f)
+            rawzip.write(hashed, (rawzip.new_member(name, data, info) if data is not None else
+                                  rawzip.raw_member(stored, info, name)
+                                  for name, info, data in plan.members))
+            del stored
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a wheel is for everyone to read
+        os.replace(tmp, out)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return hashed.sha256.hexdigest()
+
+
+def build(series: Series, base: BaseWheel, dist: Path, say=print,
+          planned: Future | None = None) -> tuple[Path, bool]:
+    """Build the patched wheel into ``dist``; returns (path, reused an up-to-date build).
+
+    ``planned``, if given, gets the build's Plan as soon as it is made, before the wheel is
+    written (None for a reused build; the exception if planning fails).
+    """
+    try:
+        key = build_key(series, base)
+        out = output_path(series, base, dist)
+        reused = out.is_file() and key in (remembered(series.root, out, "built"),
+                                          (read_provenance(out) or {}).get("BUILD_KEY"))
+        made = None if reused else plan(series, base, say)
+    except BaseException as e:
+        if planned:
+            planned.set_exception(e)
+        raise
+    if planned:
+        planned.set_result(made)
+    if made is None:
+        return out, True
+    sha256 = write(made, out)
     remember(series.root, out, "built", key)
-    remember(series.root, out, "sha256", hashed.sha256.hexdigest())
+    remember(series.root, out, "sha256", sha256)
     return out, False
 
 

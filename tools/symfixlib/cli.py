@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -88,7 +89,9 @@ def base_wheel(s: series.Series, args) -> basewheel.BaseWheel:
     return base
 
 
-def build_wheel(s: series.Series, base: basewheel.BaseWheel, dist: Path) -> Path:
+def build_wheel(s: series.Series, base: basewheel.BaseWheel, dist: Path,
+                planned: Future | None = None) -> Path:
+    """Build (or keep) the patched wheel; ``planned`` as for build.build."""
     step = Step("apply")
 
     def applied(patch):
@@ -96,7 +99,7 @@ def build_wheel(s: series.Series, base: basewheel.BaseWheel, dist: Path) -> Path
         print(f"        {patch.name[:4]} {fix.id:<28} {', '.join(c.path for c in patch.changes)}"
               + ("" if patch.wheel else "  skipped: source builds only"), flush=True)
 
-    out, reused = build.build(s, base, dist, say=applied)
+    out, reused = build.build(s, base, dist, say=applied, planned=planned)
     if reused:
         step.done(f"{rel(out)} up to date (same base and patches)", "kept")
     else:
@@ -109,12 +112,18 @@ def build_wheel(s: series.Series, base: basewheel.BaseWheel, dist: Path) -> Path
 
 def install(role: str, spec: str, key: str, link: Path | None = None,
             python: str | None = None, need_gb: float | None = None,
-            bytecode: bool = False, over: Path | None = None, built: Future | None = None
-            ) -> Path:
+            bytecode: bool = False, over: Path | None = None,
+            patched: Callable[[], build.Plan] | None = None) -> Path:
     step = Step("venv")
-    path = envs.ensure(role, spec, key, link, python, need_gb, bytecode, over, built)
+    path = envs.ensure(role, spec, key, link, python, need_gb, bytecode, over, patched)
     step.done(f"{rel(path)}  (torch {envs.installed(path)['torch_version']})")
     return path
+
+
+def plan_of(s: series.Series, base: basewheel.BaseWheel, planned: Future) -> Callable:
+    """The patched files to install over the base: the plan of the build ``planned`` waits
+    for, or, where the build was kept (None), made again."""
+    return lambda: planned.result() or build.plan(s, base, say=lambda patch: None)
 
 
 def env_need_gb(base: basewheel.BaseWheel) -> float:
@@ -129,11 +138,14 @@ def cmd_wheel(args) -> int:
     if args.no_venv:
         build_wheel(s, base, Path(args.dist))
         return 0
-    with ThreadPoolExecutor(1) as pool:  # uv installs the base while the wheel is built
-        built = pool.submit(build_wheel, s, base, Path(args.dist))
+    # uv installs the base while the wheel is built; the patched files go over it once the
+    # series is applied, while the wheel is still being written.
+    planned = Future()
+    with ThreadPoolExecutor(1) as pool:
+        built = pool.submit(build_wheel, s, base, Path(args.dist), planned)
         install("patched", str(build.output_path(s, base, Path(args.dist))),
                 build.build_key(s, base), VENV, args.python, env_need_gb(base), over=base.path,
-                built=built)
+                patched=plan_of(s, base, planned))
         built.result()
     print("done. `. .venv/bin/activate` and `import torch` gives the patched build.")
     return 0
@@ -149,7 +161,8 @@ def cmd_test(args) -> int:
         print(f"wheel   {out.name}  provenance: "
               + ("symfix" if build.read_provenance(out) else "none (not a symfix build)"))
     else:
-        out = build_wheel(s, base, DIST)
+        planned = Future()
+        out = build_wheel(s, base, DIST, planned)
     need = env_need_gb(base)
     out_sha = basewheel.sha256_file(out) if args.patched else build.build_key(s, base)
     try:
@@ -158,7 +171,8 @@ def cmd_test(args) -> int:
                              need_gb=need, bytecode=True),
             "patched": install("tested" if args.patched else "patched", str(out), out_sha,
                                None if args.patched else VENV, args.python, need, bytecode=True,
-                               over=None if args.patched else base.path),
+                               over=None if args.patched else base.path,
+                               patched=None if args.patched else plan_of(s, base, planned)),
         }
     except NoRoom as e:
         if not args.skip_if_no_room:

@@ -22,10 +22,11 @@ import sys
 import tomllib
 import urllib.parse
 import zipfile
-from concurrent.futures import Future
+from collections.abc import Callable
 from pathlib import Path
 
 from . import rawzip
+from .build import Plan
 from .errors import EnvError, NoRoom
 from .series import ROOT
 
@@ -111,7 +112,7 @@ def uv() -> str:
 def ensure(role: str, torch_spec: str, key: str, link: Path | None = None,
            python: str | None = None, need_gb: float | None = None,
            bytecode: bool = False, over: Path | None = None,
-           built: Future | None = None) -> Path:
+           patched: Callable[[], Plan] | None = None) -> Path:
     """An environment with ``torch_spec`` (a wheel path or a requirement) and the test deps.
 
     ``key`` identifies the torch (a wheel's sha256, or the requirement); ``python`` the
@@ -124,8 +125,8 @@ def ensure(role: str, torch_spec: str, key: str, link: Path | None = None,
     hundred processes, not for `wheel`'s one environment.
 
     ``over``: the base wheel ``torch_spec`` (a patched wheel) was built from; uv installs the
-    base and `install_over` turns it into the patched build. ``built``: that build, under way
-    while uv installs the base (its errors are this call's).
+    base and `install_over` turns it into the patched build, whose plan ``patched`` gives once
+    uv is done (the build may be under way beside uv: its errors are this call's).
     """
     link = link or ENVS.parent / role
     reqs = test_requirements()
@@ -165,9 +166,7 @@ def ensure(role: str, torch_spec: str, key: str, link: Path | None = None,
         run([uv(), "pip", "install", "-q", *(["--compile-bytecode"] if bytecode else []),
              "--python", str(python_of(target)), *specs])
         if over:
-            if built is not None:
-                built.result()
-            written = install_over(site_packages(target), over, Path(torch_spec))
+            written = install_over(site_packages(target), patched(), Path(torch_spec))
             if bytecode:
                 run([str(python_of(target)), "-m", "compileall", "-q",
                      *(str(p) for p in written if p.suffix == ".py")])
@@ -197,65 +196,57 @@ def site_packages(env: Path) -> Path:
     return next(env.glob("lib/python*/site-packages"))
 
 
-def wheel_record(zf: zipfile.ZipFile) -> tuple[str, dict[str, str]]:
-    """A wheel's dist-info directory and its RECORD: path -> hash."""
-    dist_info = next(n.split("/")[0] for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
-    rows = rawzip.read_record(zf.read(f"{dist_info}/RECORD").decode())
-    return dist_info, {path: row[1] for path, row in rows.items()}
-
-
-def install_over(site: Path, base: Path, wheel: Path) -> list[Path]:
-    """Make ``site``, where uv installed the wheel ``base``, hold ``wheel`` instead (a build of
-    it): the files whose RECORD hash differs, its dist-info, the installer's files moved over
-    and RECORD rewritten, as an install of ``wheel`` would leave them. Returns the files written.
+def install_over(site: Path, plan: Plan, wheel: Path) -> list[Path]:
+    """Make ``site``, where uv installed the base wheel of ``plan``, hold the build ``plan``
+    describes (written to ``wheel``) as an install of ``wheel`` would leave it: its new and
+    changed files written, the files it drops removed, the dist-info directory renamed with what
+    the installer added to it, direct_url.json naming ``wheel``, RECORD rewritten. Returns the
+    files written.
 
     Why not uv: to uv a new build is a new 700 MB wheel (1.1 GB for CUDA), unpacked into its
     cache before it is linked, 3-4 s here; the base is in the cache already (the stock
-    environment), and the two differ in a hundred small files. Each is replaced by a rename,
+    environment), and the two differ in a hundred small files, which the plan holds: the
+    environment is ready before the build's wheel is written. Each is replaced by a rename,
     never written in place: the files around it are hardlinks into uv's cache.
     """
-    with zipfile.ZipFile(base) as zb:
-        old_info, old_record = wheel_record(zb)
-    with zipfile.ZipFile(wheel) as zw:
-        new_info, new_record = wheel_record(zw)
-        new_files = {p: zw.read(p) for p, h in new_record.items()
-                     if h and h != old_record.get(p)}
-    installed = rawzip.read_record((site / old_info / "RECORD").read_text())
+    old_info, new_info = plan.base.dist_info, plan.dist_info
+
+    def renamed(path: str) -> str:
+        return new_info + path[len(old_info):] if path.startswith(old_info + "/") else path
+
+    installed = {renamed(p): [renamed(p), *row[1:]] for p, row in
+                 rawzip.read_record((site / old_info / "RECORD").read_text()).items()}
+    if old_info != new_info:  # the build's dist-info files that are the base's move with it
+        os.replace(site / old_info, site / new_info)
+    rows = {row[0]: row for row in plan.record}
     written = []
-    for path, data in new_files.items():
+    for path, data in plan.files().items():
+        if path == f"{new_info}/RECORD":
+            continue
         dest = site / path
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.symfix")
         tmp.write_bytes(data)
         os.chmod(tmp, dest.stat().st_mode if dest.exists() else 0o644)
         os.replace(tmp, dest)
-        installed[path] = [path, new_record[path], str(len(data))]
+        installed[path] = list(rows[path])
         written.append(dest)
         for pyc in (dest.parent / "__pycache__").glob(f"{dest.stem}.*.pyc"):
             pyc.unlink()
-    for path in set(old_record) - set(new_record):
+    for path in plan.deleted:
         (site / path).unlink(missing_ok=True)
         installed.pop(path, None)
-    # What the installer added beside the wheel's own files: INSTALLER, REQUESTED move over;
-    # direct_url.json names the new wheel; uv_cache.json described the base archive.
-    for path in [p for p in installed if p.startswith(old_info + "/")]:
-        name = path[len(old_info) + 1:]
-        del installed[path]
-        dest = site / new_info / name
-        if name == "uv_cache.json":
-            (site / path).unlink()
-        elif name == "direct_url.json":
-            # as uv writes it: a path segment escapes fewer characters than as_uri() does
-            url = "file://" + urllib.parse.quote(str(wheel.resolve()), safe="/!$&'()*+,;=:@~")
-            dest.write_text(json.dumps({"url": url, "archive_info": {}}, separators=(",", ":")))
-        elif name != "RECORD":
-            os.replace(site / path, dest)
-        if dest.is_file() and name != "RECORD":
-            data = dest.read_bytes()
-            installed[f"{new_info}/{name}"] = [f"{new_info}/{name}", rawzip.record_hash(data),
-                                               str(len(data))]
-    if old_info != new_info:
-        shutil.rmtree(site / old_info)
+    # What the installer added: uv_cache.json described the base archive; direct_url.json
+    # names the new wheel (as uv writes it: a path segment escapes fewer characters than
+    # as_uri() does).
+    installed.pop(f"{new_info}/uv_cache.json", None)
+    (site / new_info / "uv_cache.json").unlink(missing_ok=True)
+    direct_url = f"{new_info}/direct_url.json"
+    if direct_url in installed:
+        url = "file://" + urllib.parse.quote(str(wheel.resolve()), safe="/!$&'()*+,;=:@~")
+        data = json.dumps({"url": url, "archive_info": {}}, separators=(",", ":")).encode()
+        (site / direct_url).write_bytes(data)
+        installed[direct_url] = [direct_url, rawzip.record_hash(data), str(len(data))]
     installed[f"{new_info}/RECORD"] = [f"{new_info}/RECORD", "", ""]
     (site / new_info / "RECORD").write_bytes(rawzip.record_text(list(installed.values())))
     return written

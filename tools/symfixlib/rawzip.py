@@ -34,20 +34,19 @@ class Member:
     external_attr: int
     crc: int
     size: int
-    compressed: bytes
+    compressed: bytes | memoryview
     method: int = zipfile.ZIP_DEFLATED
 
 
-def raw_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, name: str | None = None) -> Member:
-    """``info``'s compressed bytes as they are stored in ``zf``, under ``name`` if given."""
-    fp = zf.fp
-    fp.seek(info.header_offset)
-    header = fp.read(_LOCAL.size)
-    fields = _LOCAL.unpack(header)
+def raw_member(archive: memoryview, info: zipfile.ZipInfo, name: str | None = None) -> Member:
+    """``info``'s compressed bytes as they are stored in ``archive`` (the whole zip file, a view
+    of it: not copied), under ``name`` if given."""
+    start = info.header_offset + _LOCAL.size
+    fields = _LOCAL.unpack(archive[info.header_offset:start])
     if fields[0] != 0x04034B50:
         raise zipfile.BadZipFile(f"bad local header for {info.filename}")
-    fp.seek(fields[9] + fields[10], 1)  # name and extra field
-    data = fp.read(info.compress_size)
+    start += fields[9] + fields[10]  # name and extra field
+    data = archive[start:start + info.compress_size]
     if len(data) != info.compress_size:
         raise zipfile.BadZipFile(f"{info.filename} is truncated")
     return Member(name or info.filename, info.date_time, info.external_attr, info.CRC,
