@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -23,9 +24,16 @@ from .series import ROOT, Series
 WORKLOAD = ROOT / "test" / "distributed" / "bench_graph_trainer.py"
 
 
+def settle() -> None:
+    """Write out what earlier runs left in the page cache, so that its writeback is not charged to
+    the next run (uv unpacking a 530 MB CUDA wheel it has not seen leaves 2 GB to write)."""
+    os.sync()
+
+
 def median_time(fn, repeat: int) -> float:
     times = []
     for _ in range(repeat):
+        settle()
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
@@ -50,6 +58,7 @@ def wheel(series: Series, base: basewheel.BaseWheel, repeat: int = 5) -> dict[st
 
 
 def timed_run(cmd: list[str], cwd: Path) -> float:
+    settle()
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     if proc.returncode:
@@ -65,6 +74,7 @@ def main_job(base: Path, python: str, repeat: int = 3) -> dict[str, float]:
     ``python``: the interpreter the environments are made for. The clone is of HEAD; each
     fresh-clone run starts without its dist/, .symfix/ and .venv.
     """
+    base = base.resolve()  # the runs are in the clone and in a scratch directory
     with tempfile.TemporaryDirectory(prefix="symfix-bench-") as tmp:
         tmp = Path(tmp)
         uv = envs.uv()
