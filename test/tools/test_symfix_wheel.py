@@ -180,6 +180,27 @@ class TestBaseVerification(TestCase):
         self.assertIn(name, SERIES.base["known-wheels"])
         self.assertRefused(make_wheel(self.tmp / name, mini_files()), "is not the published")
 
+    def test_known_name_with_other_bytes_keeps_nothing(self):
+        # `wheel` checks a known wheel's sha256 beside the build and uv's install: refused all
+        # the same, and neither the build nor the environment is kept
+        name = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+        wheel = make_wheel(self.tmp / name, without_requirements(mini_files()))
+        with mock.patch.object(cli, "VENV", self.tmp / "venv"), \
+                mock.patch.object(envs, "ENVS", self.tmp / "envs"), \
+                mock.patch.object(envs, "LOGS", self.tmp / "logs"), \
+                mock.patch.object(envs, "test_requirements", return_value=[]), \
+                mock.patch("sys.stdout"), mock.patch("sys.stderr") as err:
+            rc = cli.main(["wheel", "--wheel", str(wheel), "--dist", str(self.dist)])
+        printed = "".join(c.args[0] for c in err.write.call_args_list)
+        self.assertEqual(rc, 2)
+        self.assertRegex(printed, rf"^symfix: refusing base wheel {re.escape(name)}: sha256 .* "
+                                  "is not the published")
+        self.assertEqual(len(printed.strip().splitlines()), 1, printed)
+        self.assertFalse((self.tmp / "venv").exists() or (self.tmp / "venv").is_symlink())
+        self.assertEqual(list((self.tmp / "envs").iterdir()), [])
+        self.assertEqual(list(self.dist.iterdir()), [])
+        self.assertIsNone(basewheel.remembered(ROOT, wheel, "verified"))
+
     def test_accepts_pypi_cuda_layout(self):
         # PyPI's CUDA build: no label in file name and METADATA, version.py says +cu130, and
         # directory entries that RECORD does not list.

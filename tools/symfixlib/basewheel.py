@@ -9,9 +9,11 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import zipfile
 import zlib
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging import tags
@@ -31,6 +33,14 @@ class BaseWheel:
     version: str  # the runtime version, torch/version.py's: "2.13.0+cpu", "2.13.0+cu130"
     dist_info: str  # as in the wheel: "torch-2.13.0+cpu.dist-info", "torch-2.13.0.dist-info"
     known: bool  # sha256 is one we have checked
+    # verify(defer=True): the check of a known wheel's sha256, under way (see check)
+    pending: Future | None = field(default=None, repr=False, compare=False)
+
+    def check(self) -> None:
+        """Wait for the sha256 check ``verify(defer=True)`` left running: Refused if the file is
+        not the published wheel. Called before anything made from the wheel is kept."""
+        if self.pending is not None:
+            self.pending.result()
 
     @property
     def file_version(self) -> str:
@@ -144,6 +154,8 @@ def _py_assign(text: str, name: str) -> str | None:
 
 
 STAT_CACHE = Path(".symfix") / "cache" / "stat.json"
+_REMEMBERING = threading.Lock()
+_HASHING = ThreadPoolExecutor(1, thread_name_prefix="symfix-hash")  # verify(defer=True)
 
 
 def remembered(root: Path, path: Path, what: str):
@@ -160,17 +172,20 @@ def remembered(root: Path, path: Path, what: str):
     return entry["value"] if entry and entry["stat"] == _stat(path) else None
 
 
-def remember(root: Path, path: Path, what: str, value) -> None:
+def remember(root: Path, path: Path, **facts) -> None:
+    """Record ``facts`` (what=value) of ``path`` for :func:`remembered`."""
     cache = root / STAT_CACHE
-    try:
-        entries = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        entries = {}
-    entries[f"{what}:{path.resolve()}"] = {"stat": _stat(path), "value": value}
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(entries, indent=1))
-    os.replace(tmp, cache)
+    with _REMEMBERING:  # the threads of one run: a deferred check and the build
+        try:
+            entries = json.loads(cache.read_text())
+        except (OSError, ValueError):
+            entries = {}
+        for what, value in facts.items():
+            entries[f"{what}:{path.resolve()}"] = {"stat": _stat(path), "value": value}
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(entries, indent=1))
+        os.replace(tmp, cache)
 
 
 def _stat(path: Path) -> list[int]:
@@ -178,10 +193,13 @@ def _stat(path: Path) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ino]
 
 
-def verify(path: Path, series: Series) -> BaseWheel:
+def verify(path: Path, series: Series, defer: bool = False) -> BaseWheel:
     """Check that ``path`` is an unmodified torch <base> wheel; raise Refused otherwise.
 
     A wheel verified before for the same series is trusted while the file is unchanged.
+    ``defer``: a wheel known by name is returned with its published sha256 while its file is
+    hashed in a thread (0.4 s for the CUDA build, beside the build instead of before it); the
+    caller must `BaseWheel.check` it before keeping anything made from it.
     """
     base = series.base
     what = f"base wheel {path.name}"
@@ -225,10 +243,15 @@ def verify(path: Path, series: Series) -> BaseWheel:
         if git_version != base["commit"]:
             raise Refused(f"{what}: built from {git_version}, not {base['tag']} ({base['commit']})")
         record = set(rawzip.read_record(record_text))
-        sha = sha256_file(path)
         known = base.get("known-wheels", {}).get(path.name)
-        if known and known != sha:
-            raise Refused(f"{what}: sha256 {sha[:12]}… is not the published {known[:12]}…")
+        defer = defer and bool(known)
+        sha = known if defer else sha256_file(path)
+
+        def published(sha: str) -> None:
+            if known and known != sha:
+                raise Refused(f"{what}: sha256 {sha[:12]}… is not the published {known[:12]}…")
+
+        published(sha)
         if not known:
             # Not a wheel we know by hash (another build or Python tag): check every member
             # against its RECORD; the wheel library verifies each hash as the member is read.
@@ -254,6 +277,14 @@ def verify(path: Path, series: Series) -> BaseWheel:
             if git_blob_id(as_lf(data)) != blob:
                 raise Refused(f"{what}: {member} is not the {base['tag']} file "
                               f"(blob {git_blob_id(as_lf(data))[:12]}, expected {blob[:12]})")
-    remember(series.root, path, "verified", {"for": checked_for, "sha256": sha, "version": runtime,
-                                             "dist_info": dist_info, "known": bool(known)})
-    return BaseWheel(path, sha, runtime, dist_info, bool(known))
+    fact = {"for": checked_for, "sha256": sha, "version": runtime, "dist_info": dist_info,
+            "known": bool(known)}
+    if not defer:
+        remember(series.root, path, verified=fact)
+        return BaseWheel(path, sha, runtime, dist_info, bool(known))
+
+    def check_hash() -> None:
+        published(sha256_file(path))
+        remember(series.root, path, verified=fact)
+
+    return BaseWheel(path, sha, runtime, dist_info, True, _HASHING.submit(check_hash))

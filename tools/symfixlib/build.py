@@ -252,6 +252,7 @@ def write(plan: Plan, out: Path) -> str:
                                   for name, info, data in plan.members))
             del stored
         os.chmod(tmp, 0o644)  # mkstemp makes it private; a wheel is for everyone to read
+        plan.base.check()
         os.replace(tmp, out)
     except BaseException:
         os.unlink(tmp)
@@ -281,8 +282,7 @@ def build(series: Series, base: BaseWheel, dist: Path, say=print,
     if made is None:
         return out, True
     sha256 = write(made, out)
-    remember(series.root, out, "built", key)
-    remember(series.root, out, "sha256", sha256)
+    remember(series.root, out, built=key, sha256=sha256)
     return out, False
 
 

@@ -77,14 +77,15 @@ def load_series(args=None) -> series.Series:
     return s
 
 
-def base_wheel(s: series.Series, args) -> basewheel.BaseWheel:
+def base_wheel(s: series.Series, args, defer: bool = False) -> basewheel.BaseWheel:
     """The base wheel: ``args.wheel`` if given, else the one for ``args.python`` and
-    ``args.variant``."""
+    ``args.variant``. ``defer``: as for basewheel.verify."""
     step = Step("base")
     wheel = (Path(args.wheel) if args.wheel else
              basewheel.fetch(s, CACHE / "base", args.variant, args.python))
-    base = basewheel.verify(wheel, s)
-    how = "sha256 known" if base.known else "every member checked against RECORD"
+    base = basewheel.verify(wheel, s, defer)
+    how = ("sha256 known, checked beside the build" if base.pending else "sha256 known"
+           if base.known else "every member checked against RECORD")
     step.done(f"{wheel.name}  {base.sha256[:12]}… ({how})")
     return base
 
@@ -123,7 +124,11 @@ def install(role: str, spec: str, key: str, link: Path | None = None,
 def plan_of(s: series.Series, base: basewheel.BaseWheel, planned: Future) -> Callable:
     """The patched files to install over the base: the plan of the build ``planned`` waits
     for, or, where the build was kept (None), made again."""
-    return lambda: planned.result() or build.plan(s, base, say=lambda patch: None)
+    def plan() -> build.Plan:
+        made = planned.result() or build.plan(s, base, say=lambda patch: None)
+        base.check()  # before an environment made from the base is kept
+        return made
+    return plan
 
 
 def env_need_gb(base: basewheel.BaseWheel) -> float:
@@ -134,9 +139,10 @@ def env_need_gb(base: basewheel.BaseWheel) -> float:
 
 def cmd_wheel(args) -> int:
     s = load_series(args)
-    base = base_wheel(s, args)
+    base = base_wheel(s, args, defer=True)
     if args.no_venv:
         build_wheel(s, base, Path(args.dist))
+        base.check()
         return 0
     # uv installs the base while the wheel is built; the patched files go over it once the
     # series is applied, while the wheel is still being written.
@@ -147,6 +153,7 @@ def cmd_wheel(args) -> int:
                 build.build_key(s, base), VENV, args.python, env_need_gb(base), over=base.path,
                 patched=plan_of(s, base, planned))
         built.result()
+    base.check()  # where nothing was made: the wheel and .venv were up to date
     print("done. `. .venv/bin/activate` and `import torch` gives the patched build.")
     return 0
 
