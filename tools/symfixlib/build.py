@@ -157,7 +157,6 @@ class Plan:
     """The patched wheel before it is written: the base's members in order, each under its name
     in the new wheel, copied as stored (data None) or replaced by ``data``, and its RECORD last."""
     base: BaseWheel
-    key: str  # the build key: base, patches, own files
     dist_info: str
     members: list[tuple[str, zipfile.ZipInfo, bytes | None]]
     record: list[tuple[str, str, str]]
@@ -229,7 +228,7 @@ def plan(series: Series, base: BaseWheel, say=print) -> Plan:
     record.append((f"{dist_info}/RECORD", "", ""))
     members.append((f"{dist_info}/RECORD", by_name[record_name], rawzip.record_text(record)))
     deleted = sorted(p for p, data in changed.items() if data is None and p in by_name)
-    return Plan(base, key, dist_info, members, record, deleted)
+    return Plan(base, dist_info, members, record, deleted)
 
 
 def write(plan: Plan, out: Path) -> str:
@@ -250,7 +249,6 @@ def write(plan: Plan, out: Path) -> str:
             rawzip.write(hashed, (rawzip.new_member(name, data, info) if data is not None else
                                   rawzip.raw_member(stored, info, name)
                                   for name, info, data in plan.members))
-            del stored
         os.chmod(tmp, 0o644)  # mkstemp makes it private; a wheel is for everyone to read
         plan.base.check()
         os.replace(tmp, out)
