@@ -125,6 +125,22 @@ class TestSuiteShards(TestCase):
                                    *CONTROL_JOBS, "suite-audit", "matrix-stock", "suite-rest"])
 
 
+def sigterm_once_started(started: Path) -> None:
+    """From a thread, SIGTERM to the main thread once the file ``started`` exists: to the main
+    thread, as the kernel delivers a kill from outside (another thread taking it would leave the
+    main thread's wait unbroken). Given up after a minute: a child that never starts fails its
+    test alone, and no SIGTERM lands in a later test."""
+    def interrupt():
+        deadline = time.monotonic() + 60
+        while not started.exists():
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+
+
 class TestInterrupt(TestCase):
     """SIGTERM reaches symfix alone (cli.main makes it a KeyboardInterrupt): a running job's
     pytest is interrupted and waited for, instead of running to its end; also where the job
@@ -143,18 +159,7 @@ class TestInterrupt(TestCase):
                 time.sleep(30)
                 pathlib.Path({str(self.tmp / "finished")!r}).touch()
             """))
-
-        def interrupt_once_started():
-            deadline = time.monotonic() + 60  # a job that never starts fails the test alone
-            while not (self.tmp / "started").exists():
-                if time.monotonic() > deadline:
-                    return
-                time.sleep(0.1)
-            # to the main thread, as the kernel delivers a kill from outside: another thread
-            # taking it would leave the main thread's wait unbroken
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
-
-        threading.Thread(target=interrupt_once_started, daemon=True).start()
+        sigterm_once_started(self.tmp / "started")
 
     def sleeping_job(self, run_tests=matrix.run_tests) -> matrix.Run:
         return run_tests(Path(sys.executable), [], self.tmp / "job.log",

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import zipfile
 from pathlib import Path
@@ -24,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from symfixlib import build, checkout, series, source  # noqa: E402
 from symfixlib.errors import PatchFailed, Refused  # noqa: E402
+from test_symfix_matrix import sigterm_once_started  # noqa: E402
 from test_symfix_wheel import real_base_wheel, series_with_broken_patch  # noqa: E402
 
 SERIES = series.load()
@@ -196,16 +196,7 @@ class TestBuildInterrupted(TestCase):
                     f"time.sleep(3); pathlib.Path({str(tmp / 'finished')!r}).touch()")
         build_cmd = [sys.executable, "-c", "import subprocess, sys; "
                      f"subprocess.run([sys.executable, '-c', {compiler!r}])"]
-
-        def interrupt_once_started():
-            deadline = time.monotonic() + 60  # a build that never starts fails the test alone
-            while not (tmp / "started").exists():
-                if time.monotonic() > deadline:
-                    return
-                time.sleep(0.05)
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
-
-        threading.Thread(target=interrupt_once_started, daemon=True).start()
+        sigterm_once_started(tmp / "started")
         with self.assertRaises(KeyboardInterrupt):
             source.run_build(tmp, build_cmd, {}, tmp / "build.log", say=lambda line: None)
         time.sleep(4)  # the grandchild would have finished by now
