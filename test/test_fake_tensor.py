@@ -254,5 +254,64 @@ class TestBmmSdpaUnbackedBatch(_UnbackedTraceMixin, TestCase):
         self.assertNotIn(torch.ops.aten.sym_size.int, self.targets(gm))
 
 
+class TestFakeConstantPadNdModes(TestCase):
+    """F.pad (aten.constant_pad_nd) over an unbacked size on the plain
+    FakeTensorMode path (a graph trainer's make_fx under its own fake mode,
+    no Python dispatcher) runs the Python meta (symfix 0008). Its output
+    must require grad exactly where eager's does: not under no_grad or
+    inference_mode, whatever the input requires."""
+
+    MODES = {
+        "grad": (contextlib.nullcontext, True),
+        "no_grad": (torch.no_grad, False),
+        "inference_mode": (torch.inference_mode, False),
+    }
+
+    def _fake_unbacked(self, cols=4):
+        shape_env = ShapeEnv()
+        fake_mode = FakeTensorMode(shape_env=shape_env)
+        with fake_mode:
+            x = torch.empty(shape_env.create_unbacked_symint(), cols, requires_grad=True)
+        return fake_mode, x
+
+    def test_requires_grad_as_eager_in_every_mode(self):
+        fake_mode, x = self._fake_unbacked()
+        for name, (mode, want) in self.MODES.items():
+            with self.subTest(mode=name):
+                with mode():
+                    eager = F.pad(torch.randn(3, 4, requires_grad=True), (1, 2))
+                with fake_mode, mode():
+                    out = F.pad(x, (1, 2))
+                self.assertEqual(eager.requires_grad, want)
+                self.assertEqual(out.requires_grad, want)
+                self.assertEqual(out.shape[1], 7)
+
+    def test_no_grad_pad_then_in_place(self):
+        # eager accepts an in-place op on a no_grad pad of a leaf that
+        # requires grad; an output marked as requiring grad raised "a leaf
+        # Variable that requires grad is being used in an in-place operation"
+        fake_mode, x = self._fake_unbacked()
+        with fake_mode:
+            with torch.no_grad():
+                y = F.pad(x, (1, 1))
+            y.add_(1)
+        self.assertFalse(y.requires_grad)
+
+    def test_captured_step_branching_on_requires_grad(self):
+        # the step's branch is taken at trace time: the graph must take
+        # eager's, then compute eager's values at every size, 0 and 1 included
+        def step(x):
+            with torch.no_grad():
+                y = F.pad(x, (1, 1), value=0.5)
+            return y * 3 if y.requires_grad else y - 1
+
+        fake_mode, x = self._fake_unbacked()
+        with fake_mode:
+            gm = make_fx(step)(x)
+        for rows in (0, 1, 3, 17):
+            real = torch.randn(rows, 4, requires_grad=True)
+            self.assertEqual(gm(real), step(real))
+
+
 if __name__ == "__main__":
     run_tests()

@@ -1,4 +1,7 @@
 # Owner(s): ["module: sdpa"]
+import contextlib
+import subprocess
+import sys
 import threading
 
 import torch
@@ -293,6 +296,120 @@ class TestSDPAGraphTrainerCapture(TestCase):
 
     def test_unbacked_seq_len_min_zero_with_mask(self):
         self._check_runs_every_length(causal_mask=True)
+
+
+class TestSDPAUnbackedSeqLenModes(TestCase):
+    """Traced once with an unbacked (min 0) query length, the graph computes
+    what eager computes at every length and in every mode: values, dtype and
+    requires_grad under bf16 autocast, no_grad and inference_mode. The math
+    backend is taken above Autocast, which must still cast the inputs as it
+    does for eager SDPA (symfix 0013 returned float32 under bf16 autocast)."""
+
+    MODES = {
+        "grad": contextlib.nullcontext,
+        "autocast_bf16": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+        "no_grad": torch.no_grad,
+        "inference_mode": torch.inference_mode,
+    }
+    # 0, 1, a length that is not a multiple of anything, and one far from
+    # the hint of the graph-trainer capture
+    LENGTHS = (0, 1, 5, 37)
+    HINT = 8
+
+    def setUp(self):
+        super().setUp()
+        torch._dynamo.reset()
+
+    def tearDown(self):
+        torch._dynamo.reset()
+        super().tearDown()
+
+    @staticmethod
+    def _inputs(seq_len):
+        return (
+            torch.randn(2, 3, seq_len, 16, requires_grad=True),
+            torch.randn(2, 3, 6, 16),
+            torch.randn(2, 3, 6, 16),
+            torch.randn(seq_len, 6),
+        )
+
+    def _assert_same(self, out, ref):
+        self.assertEqual(out.dtype, ref.dtype)
+        self.assertEqual(out.requires_grad, ref.requires_grad)
+        # the math backend against eager's fused CPU kernel, both in bf16
+        tol = {"atol": 3e-2, "rtol": 3e-2} if ref.dtype == torch.bfloat16 else {}
+        self.assertEqual(out, ref, **tol)
+
+    def test_compiled_matches_eager_in_every_mode(self):
+        for name, mode in self.MODES.items():
+            with self.subTest(mode=name):
+                torch._dynamo.reset()
+                compiled = torch.compile(
+                    _attend_masked, backend="aot_eager", fullgraph=True
+                )
+                for seq_len in self.LENGTHS:
+                    q, k, v, mask = self._inputs(seq_len)
+                    q_c, mask_c = q.detach().clone().requires_grad_(), mask.clone()
+                    mark_unbacked(q_c, 2, min=0)
+                    mark_unbacked(mask_c, 0, min=0)
+                    with mode():
+                        out, ref = compiled(q_c, k, v, mask_c), _attend_masked(q, k, v, mask)
+                    self._assert_same(out, ref)
+
+    def test_graph_trainer_capture_under_autocast(self):
+        # make_fx in its default mode under the trainer's own fake mode, the
+        # step entering bf16 autocast itself; the graph replayed at every length
+        def step(q, k, v):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = _attend(q, k, v)
+            return [out, *torch.autograd.grad(out.float().sum(), q)]
+
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        t = torch.randn(2, 3, self.HINT, 16)
+        mark_unbacked(t, 2, hint_override=self.HINT, min=0)
+        ctx = StatelessSymbolicContext(
+            dynamic_sizes=[DimDynamic.STATIC] * 2
+            + [DimDynamic.UNBACKED, DimDynamic.STATIC],
+            unbacked_bounds=t._dynamo_unbacked_bounds,
+        )
+        fake_q = fake_mode.from_tensor(
+            t, source=LocalSource("q", is_input=True), symbolic_context=ctx
+        ).requires_grad_()
+        k, v = torch.randn(2, 3, 6, 16), torch.randn(2, 3, 6, 16)
+        with (
+            fake_mode,
+            tracing(TracingContext(fake_mode)),
+            torch.compiler._non_strict_tracing_context(),
+        ):
+            gm = make_fx(step)(fake_q, fake_mode.from_tensor(k), fake_mode.from_tensor(v))
+        for seq_len in self.LENGTHS:
+            q = torch.randn(2, 3, seq_len, 16, requires_grad=True)
+            out, grad = gm(q, k, v)
+            ref, ref_grad = step(q, k, v)
+            self.assertEqual(out.dtype, torch.bfloat16)
+            self.assertEqual(out, ref, atol=3e-2, rtol=3e-2)
+            self.assertEqual(grad, ref_grad, atol=3e-2, rtol=3e-2)
+
+    def test_no_python_kernel_without_unbacked_sizes(self):
+        # SDPA under a dispatch mode (DTensor, FlopCounter, activation
+        # checkpointing) pays for a Python kernel at PythonTLSSnapshot on
+        # every call: a process that never makes an unbacked size, the only
+        # kind that needs one, must not have it, even after tracing with
+        # static and backed sizes
+        code = """if True:
+            import torch
+            from torch.fx.experimental.proxy_tensor import make_fx
+            def has_kernel():
+                return torch._C._dispatch_has_kernel_for_dispatch_key(
+                    "aten::scaled_dot_product_attention", "PythonTLSSnapshot")
+            q = torch.randn(1, 1, 4, 8)
+            f = torch.nn.functional.scaled_dot_product_attention
+            make_fx(f, tracing_mode="symbolic")(q, q, q)
+            torch.compile(f, backend="aot_eager", dynamic=True)(q, q, q)
+            print(has_kernel())
+        """
+        out = subprocess.check_output([sys.executable, "-c", code], text=True)
+        self.assertEqual(out.split()[-1], "False")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from . import basewheel, build, envs
 from .series import ROOT, Series
 
 WORKLOAD = ROOT / "test" / "distributed" / "bench_graph_trainer.py"
+SDPA_UNDER_MODE = ROOT / "test" / "bench_sdpa_dispatch_mode.py"
 
 
 def settle() -> None:
@@ -117,11 +118,11 @@ def main_job(base: Path, python: str, repeat: int = 3) -> dict[str, float]:
     return times
 
 
-def workload(python: Path, *args: str) -> dict | str:
-    """The graph-trainer benchmark's JSON, or why there is none."""
-    if not WORKLOAD.is_file():
-        return f"{WORKLOAD.relative_to(ROOT)} does not exist yet"
-    proc = subprocess.run([str(python), str(WORKLOAD), *args], capture_output=True, text=True,
+def workload(python: Path, *args: str, script: Path = WORKLOAD) -> dict | str:
+    """A benchmark script's JSON (the graph-trainer one by default), or why there is none."""
+    if not script.is_file():
+        return f"{script.relative_to(ROOT)} does not exist yet"
+    proc = subprocess.run([str(python), str(script), *args], capture_output=True, text=True,
                           cwd=ROOT)
     if proc.returncode:
         return f"failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}"

@@ -443,6 +443,16 @@ def cmd_bench(args) -> int:
           f"(goal: under 1 s)")
     print(f"  `test` (matrix + test/, no --upstream)        {m['test']:7.1f} s   "
           f"{m['test'] / 300:5.2f}x the 5 minutes of symfix14's serial run (goal: 0.5x)")
+    sdpa = [bench.workload(envs.python_of(env), script=bench.SDPA_UNDER_MODE)
+            for env in (ROOT / ".symfix" / "stock", VENV)]
+    print("\nSDPA under a no-op dispatch mode (test/bench_sdpa_dispatch_mode.py), µs per call")
+    if any(isinstance(r, str) for r in sdpa):
+        print(f"  not measured: {next(r for r in sdpa if isinstance(r, str))}")
+    else:
+        for key, what in (("plain_us", "no unbacked size made"),
+                          ("after_unbacked_us", "after an unbacked size")):
+            print(f"  {what:24} stock {sdpa[0][key]:6.1f}   patched {sdpa[1][key]:6.1f}   "
+                  f"{sdpa[1][key] / sdpa[0][key]:5.2f}x (goal: within 1.05x)")
     stock = bench.workload(envs.python_of(ROOT / ".symfix" / "stock"), "--static-only")
     patched = bench.workload(envs.python_of(VENV))
     print("\ngraph trainer step (test/distributed/bench_graph_trainer.py): medians; steps of the "

@@ -9,6 +9,8 @@ import sympy
 import torch
 import torch._dynamo
 import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch._dynamo.decorators import mark_unbacked
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -550,6 +552,120 @@ class TestDTensorFromLocalUnbacked(TestCase):
             self.assertEqual(gm(local), train_step(local))
 
 
+class TestDTensorFromLocalUnbackedMatchesEager(TestCase):
+    """DTensor.from_local() over local tensors whose every dim is unbacked,
+    on a 2 x 2 mesh, traced once: the global shape, stride and contiguity
+    are eager's at every size, a local size of 1 included (symfix 0017 gave
+    contiguous strides there; eager scales every stride that is at least the
+    sharded dim's, and a size-1 dim's stride equals its neighbour's)."""
+
+    PLACEMENTS = [
+        (Shard(0), Shard(1)),
+        (Shard(1), Shard(0)),
+        (Shard(0), Shard(0)),
+        (Replicate(), Shard(2)),
+        (Shard(2), Partial()),
+    ]
+    # a size of 1 in each dim, two of them, uneven sizes, large ones
+    SIZES = [(3, 4, 5), (5, 1, 3), (4, 3, 1), (1, 1, 1), (1, 6, 1), (7, 2, 9), (2, 13, 3)]
+
+    def setUp(self):
+        super().setUp()
+        torch._dynamo.reset()
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+        self.mesh = init_device_mesh("cpu", (2, 2))
+
+    def tearDown(self):
+        dist.destroy_process_group()
+        torch._dynamo.reset()
+        super().tearDown()
+
+    def _layout(self, dt):
+        return tuple(dt.shape), tuple(dt.stride()), dt.is_contiguous(), dt.placements
+
+    def test_compiled_once_matches_eager(self):
+        for placements in self.PLACEMENTS:
+            with self.subTest(placements=placements):
+                torch._dynamo.reset()
+                mesh = self.mesh
+
+                def step(local, mesh=mesh, placements=placements):
+                    return DTensor.from_local(local, mesh, placements, run_check=False)
+
+                cnt = CompileCounterWithBackend("aot_eager")
+                compiled = torch.compile(step, backend=cnt, fullgraph=True)
+                for shape in self.SIZES:
+                    local = torch.randn(shape)
+                    local_c = local.clone()
+                    for d in range(local.dim()):
+                        mark_unbacked(local_c, d)
+                    out, ref = compiled(local_c), step(local)
+                    self.assertEqual(self._layout(out), self._layout(ref), msg=str(shape))
+                    self.assertEqual(out.to_local(), ref.to_local())
+                self.assertEqual(cnt.frame_count, 1)
+
+    def test_make_fx_capture_matches_eager_at_zero_and_one(self):
+        # a graph trainer's capture: the global strides are graph outputs,
+        # replayed at sizes 0 and 1 too (there strides of a local tensor are
+        # its own, so only make_fx, which does not guard input strides, sees them)
+        from torch._dynamo.source import LocalSource
+        from torch.fx.experimental.proxy_tensor import make_fx
+        from torch.fx.experimental.symbolic_shapes import (
+            DimDynamic,
+            StatelessSymbolicContext,
+        )
+
+        mesh, placements = self.mesh, (Shard(0), Shard(1))
+
+        def step(local):
+            dt = DTensor.from_local(local, mesh, placements, run_check=False)
+            return [(dt * 2).to_local(), *dt.shape, *dt.stride()]
+
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.UNBACKED] * 3)
+        fake = fake_mode.from_tensor(
+            torch.randn(3, 4, 5),
+            source=LocalSource("local", is_input=True),
+            symbolic_context=ctx,
+        )
+        with fake_mode:
+            gm = make_fx(step)(fake)
+        for shape in [(0, 2, 3), (2, 0, 1), (1, 1, 1), (5, 1, 3), (4, 3, 1), (6, 5, 4)]:
+            local = torch.randn(shape)
+            self.assertEqual(gm(local), step(local), msg=str(shape))
+
+    @settings(max_examples=60, deadline=None)
+    @given(
+        sizes=st.lists(st.integers(1, 4), min_size=1, max_size=4),
+        mesh_dims=st.lists(st.integers(-2, 3), min_size=2, max_size=2),
+    )
+    def test_symbolic_layout_is_eager_layout(self, sizes, mesh_dims):
+        # the layout of a fake local tensor with unbacked sizes, evaluated at
+        # the sizes, is what compute_global_tensor_info gives the real one
+        # (mesh dim entries: -2 Replicate, -1 Partial, d >= 0 Shard(d))
+        from torch.distributed.tensor._api import _compute_global_tensor_info
+
+        placements = [
+            Replicate() if d == -2 else Partial() if d == -1 else Shard(d % len(sizes))
+            for d in mesh_dims
+        ]
+        want = compute_global_tensor_info(torch.empty(sizes), self.mesh, placements)
+        shape_env = ShapeEnv()
+        with FakeTensorMode(shape_env=shape_env):
+            symbols = [shape_env.create_unbacked_symint() for _ in sizes]
+            fake = torch.empty(symbols)
+        got = _compute_global_tensor_info(fake, self.mesh, placements)
+        values = {s.node.expr: n for s, n in zip(symbols, sizes)}
+
+        def value(x):
+            return int(x.node.expr.xreplace(values)) if isinstance(x, torch.SymInt) else x
+
+        self.assertEqual(
+            ([value(x) for x in got[0]], [value(x) for x in got[1]]),
+            (list(want[0]), list(want[1])),
+        )
+
+
 def _flatten_tokens(x):
     # [B, S, D] sharded on S, flattened: _StridedShard(0, split_factor=B)
     return (x * 2).flatten(0, 1)
@@ -712,6 +828,39 @@ class TestDTensorStridedShardUnbacked(TestCase):
             for ras in self.shape_env.deferred_runtime_asserts.values()
             for ra in ras
         ]
+
+    def _compiled_flatten(self, tail):
+        # torch.compile of sequence-sharded [B, S, D] flattened to tokens,
+        # B and S unbacked, replayed at several batches and lengths
+        mesh = self.mesh
+
+        def step(local):
+            x = DTensor.from_local(local, mesh, [Shard(1)], run_check=False)
+            return tail(x.reshape(-1, 4) * 2)
+
+        torch._dynamo.reset()
+        compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+        for shape in [(3, 2, 4), (1, 5, 4), (6, 1, 4)]:
+            local = torch.randn(shape)
+            local_c = local.clone()
+            mark_unbacked(local_c, 0)
+            mark_unbacked(local_c, 1)
+            yield compiled, local_c, step(local)
+
+    def test_compiled_output_with_symbolic_split_factor_is_refused(self):
+        # the output's placements are fixed at trace time: the graph would
+        # return _StridedShard(0, sf=u0) at run time where eager says sf=B
+        # (Shard(0) for B = 1).
+        # It must refuse, naming the placement, rather than answer otherwise.
+        for compiled, local, _ in self._compiled_flatten(lambda t: t):
+            with self.assertRaisesRegex(RuntimeError, r"_StridedShard\(dim=0, sf=u\d+\) cannot be the output"):
+                compiled(local)
+
+    def test_compiled_intermediate_with_symbolic_split_factor_matches_eager(self):
+        # inside the graph the symbolic split factor is fine: a plain-tensor
+        # output equals eager's at every size
+        for compiled, local, ref in self._compiled_flatten(lambda t: t.to_local()):
+            self.assertEqual(compiled(local), ref)
 
     def test_flatten_keeps_symbolic_split_factor(self):
         batch, seq, tokens = self._tokens()
