@@ -35,6 +35,31 @@ def _attend_masked(q, k, v, mask):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+def _fake_unbacked_seq(fake_mode, hint, name):
+    # a [2, 3, S, 16] fake input whose S is unbacked (min 0, hint override),
+    # as a graph trainer hands its step to make_fx
+    t = torch.randn(2, 3, hint, 16)
+    mark_unbacked(t, 2, hint_override=hint, min=0)
+    ctx = StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.STATIC] * 2 + [DimDynamic.UNBACKED, DimDynamic.STATIC],
+        unbacked_bounds=t._dynamo_unbacked_bounds,
+    )
+    return fake_mode.from_tensor(
+        t, source=LocalSource(name, is_input=True), symbolic_context=ctx
+    )
+
+
+class _DynamoResetTestCase(TestCase):
+    # every test compiles from a clean Dynamo cache and leaves one
+    def setUp(self):
+        super().setUp()
+        torch._dynamo.reset()
+
+    def tearDown(self):
+        torch._dynamo.reset()
+        super().tearDown()
+
+
 FUSED_CPU = aten._scaled_dot_product_flash_attention_for_cpu.default
 
 
@@ -53,20 +78,12 @@ class _OpLog(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-class TestSDPAUnbackedSeqLenCPU(TestCase):
+class TestSDPAUnbackedSeqLenCPU(_DynamoResetTestCase):
     """CPU scaled_dot_product_attention traced with an unbacked sequence
     length whose range includes 0 (mark_unbacked(..., min=0)): the CPU
     backend choice must not guard on Eq(u, 0). The fused CPU kernel cannot run
     a zero-length sequence, so the traced graph must hold a backend that is
     correct for every length."""
-
-    def setUp(self):
-        super().setUp()
-        torch._dynamo.reset()
-
-    def tearDown(self):
-        torch._dynamo.reset()
-        super().tearDown()
 
     @staticmethod
     def _qkv(seq_len, kv_len=None):
@@ -259,20 +276,7 @@ class TestSDPAGraphTrainerCapture(TestCase):
 
     def _capture(self, causal_mask):
         fake_mode = FakeTensorMode(shape_env=ShapeEnv())
-        fake = []
-        for i in range(3):
-            t = torch.randn(2, 3, self.HINT, 16)
-            mark_unbacked(t, 2, hint_override=self.HINT, min=0)
-            ctx = StatelessSymbolicContext(
-                dynamic_sizes=[DimDynamic.STATIC] * 2
-                + [DimDynamic.UNBACKED, DimDynamic.STATIC],
-                unbacked_bounds=t._dynamo_unbacked_bounds,
-            )
-            fake.append(
-                fake_mode.from_tensor(
-                    t, source=LocalSource(f"qkv{i}", is_input=True), symbolic_context=ctx
-                )
-            )
+        fake = [_fake_unbacked_seq(fake_mode, self.HINT, f"qkv{i}") for i in range(3)]
 
         def step(q, k, v):
             return self._step(q, k, v, causal_mask)
@@ -298,7 +302,7 @@ class TestSDPAGraphTrainerCapture(TestCase):
         self._check_runs_every_length(causal_mask=True)
 
 
-class TestSDPAUnbackedSeqLenModes(TestCase):
+class TestSDPAUnbackedSeqLenModes(_DynamoResetTestCase):
     """Traced once with an unbacked (min 0) query length, the graph computes
     what eager computes at every length and in every mode: values, dtype and
     requires_grad under bf16 autocast, no_grad and inference_mode. The math
@@ -315,14 +319,6 @@ class TestSDPAUnbackedSeqLenModes(TestCase):
     # the hint of the graph-trainer capture
     LENGTHS = (0, 1, 5, 37)
     HINT = 8
-
-    def setUp(self):
-        super().setUp()
-        torch._dynamo.reset()
-
-    def tearDown(self):
-        torch._dynamo.reset()
-        super().tearDown()
 
     @staticmethod
     def _inputs(seq_len):
@@ -365,16 +361,7 @@ class TestSDPAUnbackedSeqLenModes(TestCase):
             return [out, *torch.autograd.grad(out.float().sum(), q)]
 
         fake_mode = FakeTensorMode(shape_env=ShapeEnv())
-        t = torch.randn(2, 3, self.HINT, 16)
-        mark_unbacked(t, 2, hint_override=self.HINT, min=0)
-        ctx = StatelessSymbolicContext(
-            dynamic_sizes=[DimDynamic.STATIC] * 2
-            + [DimDynamic.UNBACKED, DimDynamic.STATIC],
-            unbacked_bounds=t._dynamo_unbacked_bounds,
-        )
-        fake_q = fake_mode.from_tensor(
-            t, source=LocalSource("q", is_input=True), symbolic_context=ctx
-        ).requires_grad_()
+        fake_q = _fake_unbacked_seq(fake_mode, self.HINT, "q").requires_grad_()
         k, v = torch.randn(2, 3, 6, 16), torch.randn(2, 3, 6, 16)
         with (
             fake_mode,
