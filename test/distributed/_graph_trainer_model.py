@@ -612,6 +612,7 @@ def _run_variant(mesh, attn, rank, shapes, hint, beyond_upstream=False):
     """Capture once, rewrite, run every shape; returns a JSON-able record."""
     from torch._dynamo.utils import counters
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
 
     rec = {"attn": attn, "beyond_upstream": beyond_upstream, "steps": []}
     graph_state = sharded_state(mesh, seed=1)
@@ -642,6 +643,13 @@ def _run_variant(mesh, attn, rank, shapes, hint, beyond_upstream=False):
             fake_prop(cap)
         with stage("collective bucketing"):
             bucket_collectives(cap.gm)
+        with stage("insert_deferred_runtime_asserts"):
+            # make_fx leaves the ShapeEnv's facts (input ranges, torch._check)
+            # unchecked; a graph trainer inserts them before it runs the graph.
+            insert_deferred_runtime_asserts(
+                cap.gm, cap.fake_mode.shape_env, "graph trainer step"
+            )
+            insert_input_range_asserts(cap.gm, cap.fake_mode.shape_env)
     rec["collectives_bucketed"] = count_collectives(cap.gm)
 
     captures = CAPTURES["make_fx"]
@@ -673,7 +681,63 @@ def _run_variant(mesh, attn, rank, shapes, hint, beyond_upstream=False):
         }
         rec["steps"].append(step)
     rec["retraced"] = CAPTURES["make_fx"] - captures
+    # Sizes outside what the capture assumed (batch and sequence >= 1, and in the
+    # upstream-compatible variant a sequence of at most one block) are refused
+    # by the graph, not computed.
+    rec["refused"] = {}
+    for B, S in refused_shapes(beyond_upstream):
+        try:
+            cap.run(*graph_state, make_batch(B, S, seed=rank))
+        except Exception as e:  # noqa: BLE001 - the record says which error it was
+            rec["refused"][f"{B}x{S}"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        else:
+            rec["refused"][f"{B}x{S}"] = None
     return rec
+
+
+def insert_input_range_asserts(gm, shape_env):
+    """Assert the ranges mark_unbacked gave the input sizes (min=1, max=MAX_SEQ).
+
+    insert_deferred_runtime_asserts checks torch._check facts and the ranges
+    of symbols the graph itself binds, not those of the inputs' sizes, which
+    Dynamo would guard; in a make_fx capture nothing else refuses them.
+    """
+    import operator
+    import sys
+
+    first_op = next(n for n in gm.graph.nodes if n.op != "placeholder")
+    for node in gm.graph.find_nodes(op="placeholder"):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        for dim, size in enumerate(val.shape):
+            expr = size.node.expr if isinstance(size, torch.SymInt) else None
+            if expr is None or not expr.is_Symbol:
+                continue
+            lo, hi = shape_env.var_to_range[expr].lower, shape_env.var_to_range[expr].upper
+            checks = [(operator.ge, ">=", lo)] if lo > 0 else []
+            if hi.is_finite and hi < sys.maxsize - 1:
+                checks.append((operator.le, "<=", hi))
+            for op, sign, bound in checks:
+                with gm.graph.inserting_before(first_op):
+                    ok = gm.graph.call_function(
+                        op, (gm.graph.create_size_node(node, dim), int(bound))
+                    )
+                    gm.graph.call_function(
+                        torch.ops.aten._assert_scalar.default,
+                        (ok, f"Runtime assertion failed for expression {expr} {sign} {bound}"),
+                    )
+    gm.recompile()
+
+
+def refused_shapes(beyond_upstream):
+    """Sizes the capture does not serve: batch and sequence below mark_unbacked's
+    min=1; upstream-compatible, a sequence past the one-block mask; beyond
+    upstream, a batch of 1 on 2 ranks, because DTensor's sharding propagation
+    (is_tensor_shardable, in the base) records torch._check(B >= 2) when the
+    batch hint lets it consider a Shard(0) strategy, even where another one
+    is chosen."""
+    return [(0, 5), (2, 0), (1, 5) if beyond_upstream else (1, MAX_SEQ + 1)]
 
 
 def block_mask_record(gm):

@@ -56,6 +56,9 @@ SEQS = (1, 5, 16)
 # and odd sizes.  131 > 128: the in-graph BlockMask has two kv/q blocks there
 # (one full, one partial), so there is no one-block cap.
 SEQS_BEYOND_UPSTREAM = (1, 5, 131)
+# Beyond upstream the capture needs a batch of at least WORLD (see
+# M.refused_shapes): a batch of 1 is refused, not run.
+BATCHES_BEYOND_UPSTREAM = (2, 3)
 VARIANTS = ("flex", "sdpa")
 ATOL = RTOL = 1e-4
 
@@ -107,8 +110,22 @@ class _GraphTrainerRun:
                 for key in ("grad_diff", "param_diff", "momentum_diff"):
                     self.assertLessEqual(step[key], 1e-4, (key, step))
 
+    def _check_violating_sizes_refused(self, attn):
+        for rec in self._variant(attn):
+            expected = [f"{b}x{s}" for b, s in M.refused_shapes(self.BEYOND_UPSTREAM)]
+            self.assertEqual(sorted(rec["refused"]), sorted(expected))
+            for shape, error in rec["refused"].items():
+                self.assertIsNotNone(error, f"{attn} {shape} ran instead of being refused")
+                self.assertIn("Runtime assertion failed", error, shape)
+
     def test_flex_one_capture_serves_all_shapes(self):
         self._check_one_graph_for_all_shapes("flex")
+
+    def test_flex_violating_sizes_refused(self):
+        self._check_violating_sizes_refused("flex")
+
+    def test_sdpa_violating_sizes_refused(self):
+        self._check_violating_sizes_refused("sdpa")
 
     def test_flex_step_matches_eager(self):
         self._check_matches_eager("flex")
@@ -161,7 +178,7 @@ class TestGraphTrainerBeyondUpstream(_GraphTrainerRun, TestCase):
     (0009).  Fails on 2.14.1 by design."""
 
     BEYOND_UPSTREAM = True
-    SHAPES = [(b, s) for b in BATCHES for s in SEQS_BEYOND_UPSTREAM]
+    SHAPES = [(b, s) for b in BATCHES_BEYOND_UPSTREAM for s in SEQS_BEYOND_UPSTREAM]
 
     def test_block_mask_built_in_graph(self):
         for rec in self._variant("flex"):

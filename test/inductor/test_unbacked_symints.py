@@ -4,6 +4,8 @@ import contextlib
 import sympy
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch._dynamo.source import ConstantSource
 from torch._inductor import ir
 from torch._inductor.graph import GraphLowering
@@ -400,6 +402,139 @@ class TestCompoundStrideCompile(TestCase):
             self.assertEqual(g.shape, r.shape)
             self.assertEqual(g.stride(), r.stride())
             self.assertEqual(g, r, atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------
+# symfix: inductor-diagonal-unbacked-length (ours). torch.diagonal over unbacked
+# sizes, compiled once by Inductor, replayed at sizes around the diagonal's edge.
+
+
+class TestInductorDiagonalUnbacked(TestCase):
+    """The lowering's diagonal length, and SizeVarAllocator.evaluate_min's GCD
+    shortcut that chose it wrongly (an empty result at every size)."""
+
+    SQUARE = [(5, 5), (1, 1), (2, 2), (9, 9), (0, 0)]
+    RECT = [(4, 6), (0, 3), (1, 3), (3, 1), (7, 2), (2, 7)]
+
+    def setUp(self):
+        super().setUp()
+        torch._dynamo.reset()
+
+    def _compiled(self, offset, example, square, op=torch.diagonal):
+        def step(x):
+            if square:
+                torch._check(x.size(0) == x.size(1))
+            return op(x, offset) * 2
+
+        example = example.clone()
+        torch._dynamo.decorators.mark_unbacked(example, 0)
+        torch._dynamo.decorators.mark_unbacked(example, 1)
+        compiled = torch.compile(step, backend="inductor", fullgraph=True)
+        with _no_graph_caches():
+            compiled(example)
+        return compiled, lambda x: op(x, offset) * 2
+
+    def _replay(self, compiled, eager, sizes):
+        for size in sizes:
+            x = torch.randn(size)
+            got, ref = compiled(x), eager(x)
+            self.assertEqual(got.shape, ref.shape, msg=f"size {size}")
+            self.assertEqual(got, ref, msg=f"size {size}")
+
+    def _sizevars(self):
+        shape_env = ShapeEnv()
+        graph = torch.fx.Graph()
+        graph.output(None)
+        lowering = GraphLowering(torch.fx.GraphModule({}, graph), shape_env=shape_env)
+        return shape_env, lowering.sizevars
+
+    # ---- proof
+
+    def test_square_offset_compiled_once(self):
+        for offset in (1, -1, 2):
+            compiled, eager = self._compiled(offset, torch.randn(5, 5), square=True)
+            with torch._dynamo.config.patch(error_on_recompile=True):
+                self._replay(compiled, eager, self.SQUARE[:-1])
+            # A 0 x 0 input's strides are (1, 1), which Dynamo's stride guard
+            # (stride(0) == size(0)) refuses: it compiles again.
+            self._replay(compiled, eager, self.SQUARE[-1:])
+
+    def test_rectangular_compiled_once(self):
+        for offset in (0, 1, -2):
+            compiled, eager = self._compiled(offset, torch.randn(4, 6), square=False)
+            with torch._dynamo.config.patch(error_on_recompile=True):
+                self._replay(compiled, eager, self.RECT)
+
+    def test_diagonal_copy_and_scatter(self):
+        compiled, eager = self._compiled(
+            1, torch.randn(5, 5), square=True, op=torch.diagonal_copy
+        )
+        self._replay(compiled, eager, self.SQUARE)
+
+        def scatter(x):
+            torch._check(x.size(0) == x.size(1))
+            return torch.diagonal_scatter(x, torch.diagonal(x, 1) + 1, 1)
+
+        x = torch.randn(5, 5)
+        torch._dynamo.decorators.mark_unbacked(x, 0)
+        torch._dynamo.decorators.mark_unbacked(x, 1)
+        compiled = torch.compile(scatter, backend="inductor", fullgraph=True)
+        with _no_graph_caches():
+            self.assertEqual(compiled(x), scatter(x))
+        for n in (1, 2, 6):
+            y = torch.randn(n, n)
+            self.assertEqual(compiled(y), scatter(y))
+
+    def test_evaluate_min_does_not_take_a_zero_multiple_as_proof(self):
+        shape_env, sizevars = self._sizevars()
+        u0 = shape_env.create_unbacked_symint().node.expr
+        u1 = shape_env.create_unbacked_symint().node.expr
+        # gcd(u0 - 1, 0) == u0 - 1 and gcd(u0, u0*u1) == u0, yet neither side
+        # is the smaller for every u0, u1 >= 0: undecidable, so no answer.
+        for left, right in [(u0 - 1, sympy.Integer(0)), (u0, u0 * u1)]:
+            with self.assertRaisesRegex(TypeError, "with unbacked symints"):
+                sizevars.evaluate_min(left, right)
+            with self.assertRaisesRegex(TypeError, "with unbacked symints"):
+                sizevars.evaluate_min(right, left)
+
+    # ---- guards
+
+    def test_evaluate_min_gcd_with_a_positive_multiple(self):
+        shape_env, sizevars = self._sizevars()
+        u0 = shape_env.create_unbacked_symint()
+        torch._check(u0 >= 1)
+        u1 = shape_env.create_unbacked_symint()
+        torch._check(u1 >= 1)
+        a, b = u0.node.expr, u1.node.expr
+        self.assertEqual(sizevars.evaluate_min(a, a * b), a)
+        self.assertEqual(sizevars.evaluate_min(a * b, a), a)
+        self.assertEqual(sizevars.evaluate_min(sympy.Integer(3), sympy.Integer(2)), 2)
+        self.assertEqual(shape_env.guards, [])
+
+    def test_static_and_backed_sizes(self):
+        def f(x):
+            return torch.diagonal(x, 1) * 2
+
+        for dynamic in (False, True):
+            torch._dynamo.reset()
+            compiled = torch.compile(f, backend="inductor", dynamic=dynamic)
+            with _no_graph_caches():
+                for size in [(5, 5), (4, 6), (7, 2)]:
+                    x = torch.randn(size)
+                    self.assertEqual(compiled(x), f(x))
+
+    @settings(max_examples=40, deadline=None)
+    @given(
+        rows=st.integers(0, 12), cols=st.integers(0, 12), offset=st.sampled_from([-3, 0, 2])
+    )
+    def test_property_one_graph_per_offset(self, rows, cols, offset):
+        # One compiled graph per offset (compiled at 4x6, far from most sizes drawn)
+        # computes eager's diagonal at every size.
+        cache = self.__dict__.setdefault("_graphs", {})
+        if offset not in cache:
+            cache[offset] = self._compiled(offset, torch.randn(4, 6), square=False)
+        compiled, eager = cache[offset]
+        self._replay(compiled, eager, [(rows, cols)])
 
 
 if __name__ == "__main__":

@@ -18,7 +18,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor._dtensor_spec import DTensorSpec
 from torch.distributed.tensor._utils import compute_global_tensor_info
-from torch.distributed.tensor.placement_types import _StridedShard
+from torch.distributed.tensor.placement_types import (
+    _StridedShard,
+    _StridedShardOffsetMode,
+)
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.testing._internal.common_utils import run_tests, TestCase
 from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -906,7 +909,47 @@ class TestDTensorStridedShardUnbacked(TestCase):
         # sharded evenly and unevenly
         _run_gloo_ranks(self, "strided_shard_tokens", self.world_size)
 
+    def test_static_full_tensor_compiled_on_gloo(self):
+        # full_tensor() of _StridedShard tokens under torch.compile with static
+        # shapes built its gather indices with .tolist() of a fake arange:
+        # PendingUnbackedSymbolNotFound (also in 2.15.0)
+        _run_gloo_ranks(self, "strided_shard_static", self.world_size)
+
+    def test_static_full_tensor_traced_without_data_dependent_sizes(self):
+        local = self.fake_mode.from_tensor(torch.randn(3, 4, 8), static_shapes=True)
+        with self.fake_mode:
+            fake = DTensor.from_local(local, self.mesh, [Shard(1)], run_check=False)
+            full = fake.reshape(-1, 8).full_tensor()
+        self.assertEqual(full.shape, (24, 8))
+        # no data-dependent sizes: the gather's indices are plain integers
+        self.assertEqual(self.shape_env.pending_fresh_unbacked_symbols, [])
+
     # Guards: static sizes keep the concrete split factor and its checks.
+
+    @settings(max_examples=80, deadline=None)
+    @given(
+        size=st.integers(0, 30), split_factor=st.integers(1, 7),
+        num_chunks=st.integers(1, 5), data=st.data(),
+    )
+    def test_static_offsets_are_the_split_of_an_arange(
+        self, size, split_factor, num_chunks, data
+    ):
+        rank = data.draw(st.integers(0, num_chunks - 1))
+        placement = _StridedShard(0, split_factor=split_factor)
+        shards, _ = placement._split_tensor(
+            torch.arange(size), num_chunks, with_padding=False, contiguous=False
+        )
+        expected = shards[rank].tolist()
+        for mode, offsets in [
+            (_StridedShardOffsetMode.ALL, expected),
+            (_StridedShardOffsetMode.FIRST, expected[0] if expected else -1),
+            (_StridedShardOffsetMode.NONE, None),
+        ]:
+            self.assertEqual(
+                placement.local_shard_size_and_offset(size, num_chunks, rank, mode),
+                (len(expected), offsets),
+            )
+
 
     def test_static_flatten_keeps_int_split_factor(self):
         local = torch.randn(3, 4, 8)
@@ -1077,10 +1120,34 @@ def _gloo_strided_shard_rank_main(rank, world_size, init_file):
         assert cnt.frame_count == 1, cnt.frame_count
 
 
+def _gloo_strided_shard_static_rank_main(rank, world_size, init_file):
+    # one rank of TestDTensorStridedShardUnbacked.test_static_full_tensor_compiled_on_gloo:
+    # a sequence-sharded DTensor input flattened to _StridedShard tokens and
+    # gathered, compiled with static shapes (one graph per shape)
+    from torch.testing import assert_close
+
+    def step(x):
+        return x.reshape(-1, x.shape[-1]).sin().full_tensor()
+
+    with _gloo_mesh(rank, world_size, init_file) as mesh:
+        fn = torch.compile(step, backend="aot_eager", fullgraph=True)
+        for batch, seq in ((3, 8), (1, 4), (2, 5), (4, 3)):
+            torch.manual_seed(batch * 100 + seq)
+            whole = torch.randn(batch, seq, 4)
+            x = DTensor.from_local(
+                whole.chunk(world_size, dim=1)[rank].contiguous(), mesh, [Shard(1)],
+                run_check=False, shape=whole.shape, stride=whole.stride(),
+            )
+            out = fn(x)
+            assert_close(out, step(x))
+            assert_close(out, whole.reshape(-1, 4).sin())
+
+
 _GLOO_RANK_MAINS = {
     "partial_sum": _gloo_rank_main,
     "uneven_seq_shard": _gloo_uneven_rank_main,
     "strided_shard_tokens": _gloo_strided_shard_rank_main,
+    "strided_shard_static": _gloo_strided_shard_static_rank_main,
 }
 
 
