@@ -485,7 +485,8 @@ class TestFlexAttentionBlockMaskInTracedStep(TestCase):
 class TestFlexAttentionCompiledCausalBlockMask(TestCase):
     """torch.compile of a step that builds its causal BlockMask from an unbacked
     sequence length and attends with it, on CPU: one compile serves lengths
-    256, 200 and 384 (not multiples of each other, 200 not of the block size)."""
+    256, 200 and 384 (not multiples of each other, 200 not of the block size).
+    Head dim 16: the least the Triton templates take (the `triton` column)."""
 
     LENGTHS = (256, 200, 384)
 
@@ -519,7 +520,7 @@ class TestFlexAttentionCompiledCausalBlockMask(TestCase):
         counter = CompileCounterWithBackend(backend)
         compiled = torch.compile(self._step_from_input_length, backend=counter, fullgraph=True)
         for seq in self.LENGTHS:
-            x = torch.randn(1, seq, 2, 8)
+            x = torch.randn(1, seq, 2, 16)
             x_unbacked = x.clone()
             mark_unbacked(x_unbacked, 1)
             self.assertEqual(compiled(x_unbacked), self._step_from_input_length(x))
@@ -528,7 +529,7 @@ class TestFlexAttentionCompiledCausalBlockMask(TestCase):
     def _run_from_item(self, backend):
         counter = CompileCounterWithBackend(backend)
         compiled = torch.compile(self._step_from_item, backend=counter, fullgraph=True)
-        x = torch.randn(1, 512, 2, 8)
+        x = torch.randn(1, 512, 2, 16)
         with torch._dynamo.config.patch(capture_scalar_outputs=True):
             for seq in self.LENGTHS:
                 t = torch.tensor(seq)
@@ -573,7 +574,7 @@ class TestFlexAttentionCompiledCausalBlockMask(TestCase):
         self.assertEqual(list(get_fill_order([16, 8, 128, 1])), [3, 1, 0, 2])
 
     def test_static_lengths_inductor(self):
-        x = torch.randn(1, 200, 2, 8)
+        x = torch.randn(1, 200, 2, 16)
         compiled = torch.compile(self._step_from_input_length, backend="inductor", dynamic=False)
         self.assertEqual(compiled(x), self._step_from_input_length(x))
 
@@ -588,7 +589,7 @@ class TestFlexAttentionCompiledCausalBlockMask(TestCase):
 
         def inputs(seq, n):
             # All n kv blocks in every one of the n q block rows.
-            x = torch.randn(1, seq, 2, 8)
+            x = torch.randn(1, seq, 2, 16)
             num = torch.full((1, 1, n), n, dtype=torch.int32)
             idx = torch.arange(n, dtype=torch.int32).expand(1, 1, n, n).contiguous()
             unbacked = [x.clone(), num.clone(), idx.clone()]
