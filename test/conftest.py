@@ -2,7 +2,8 @@
 
 With SYMFIX_INDUCTOR=triton, Inductor compiles through its Triton (GPU) code path, the kernels run
 by Triton's interpreter on CPU tensors (test/inductor/_triton_cpu.py): the interpreter must be
-switched on before torch is imported, hence here, at the top.
+switched on before torch is imported, hence here, at the top. With SYMFIX_DEVICE=cuda (the GPU
+check, tools/gpu_check.sh), tensors are made on the GPU: the same tests on Triton's real backend.
 
 A control takes one in-base fix out again, so that its tests can be shown to catch the bug. With
 SYMFIX_CONTROL=<fix id>, the module test/controls/<fix_id>.py (dashes as underscores) is imported
@@ -29,6 +30,10 @@ def _load(path: Path, name: str):
 
 
 def pytest_configure(config):
+    if device := os.environ.get("SYMFIX_DEVICE"):
+        import torch
+
+        torch.set_default_device(device)
     if TRITON_PATH:
         helper = _load(Path(__file__).parent / "inductor" / "_triton_cpu.py", "symfix_triton_cpu")
         try:

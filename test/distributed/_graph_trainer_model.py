@@ -213,7 +213,13 @@ def flex_attention_train(q, k, v, block_mask):
     and do use the public API (see test_public_flex_attention_matches_hop_path).
     """
     global _compiled_flex_entry
-    kernel_options = {"OUTPUT_LOGSUMEXP": True, "OUTPUT_MAX": False}
+    # the options the public entry point fills in (_apply_kernel_options), which
+    # Inductor's Triton templates read
+    kernel_options = {
+        "BACKEND": "AUTO", "PRESCALE_QK": False, "ROWS_GUARANTEED_SAFE": False,
+        "BLOCKS_ARE_CONTIGUOUS": False, "WRITE_DQ": True,
+        "OUTPUT_LOGSUMEXP": True, "OUTPUT_MAX": False,
+    }
     scale = 1.0 / math.sqrt(HEAD_DIM)
     if not torch.compiler._is_non_strict_tracing():
         # Eager reference: the same op, uncompiled, so that the eager runs

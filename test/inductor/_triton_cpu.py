@@ -12,7 +12,9 @@ process is patched:
 - ``triton.language.extra.libdevice`` is bodiless outside a GPU backend (its functions return
   None under the interpreter): its functions get CPU implementations (torch's, on the numpy data);
 - FlexAttention's lowering sends CPU tensors to its C++ template first; that one branch is
-  dropped, so CPU tensors take the Triton templates, as CUDA tensors do.
+  dropped, so CPU tensors take the Triton templates, as CUDA tensors do;
+- flex decoding sizes its split of the keys by the GPU's SM count: without CUDA,
+  ``torch.cuda.get_device_properties`` answers for a GPU of 4 SMs (small grids for the interpreter).
 
 It checks the torch and triton releases it was written for and says loudly why it cannot run.
 Slow (numpy runs every program of a grid): sizes stay small.
@@ -156,6 +158,20 @@ def _flex_lowering_without_cpu_branch():
     return new
 
 
+def _device_properties(get_device_properties):
+    import types
+
+    import torch
+
+    def props(device=None):
+        if torch.cuda.is_available():
+            return get_device_properties(device)
+        return types.SimpleNamespace(name="symfix Triton on CPU", major=8, minor=0,
+                                     multi_processor_count=4, warp_size=32)
+
+    return props
+
+
 _ACTIVE = None
 
 
@@ -165,12 +181,14 @@ def activate() -> None:
     if _ACTIVE is not None:
         return
     check_versions()
+    import torch
     import torch._inductor.config as inductor_config
     from torch._inductor.runtime import triton_helpers
     from triton.runtime.driver import driver
 
     driver.set_active(_cpu_driver())
     inductor_config.cpu_backend = "triton"
+    torch.cuda.get_device_properties = _device_properties(torch.cuda.get_device_properties)
     for name, torch_fn in _libdevice_impls().items():
         if hasattr(triton_helpers.libdevice, name):
             setattr(triton_helpers.libdevice, name, _libdevice_fn(torch_fn))

@@ -24,6 +24,9 @@ from torch.nn.attention.flex_attention import (
 )
 from torch.testing._internal.common_utils import run_tests, TestCase
 
+# where the tests make their tensors: CPU, or the GPU of tools/gpu_check.sh (test/conftest.py)
+DEVICE = torch.get_default_device()
+
 
 class TestFlexAttentionOuterUnbackedSeqLen(TestCase):
     """FlexAttention inside a non-strict make_fx trace whose sequence length is
@@ -101,7 +104,7 @@ class TestFlexAttentionUnbackedLengths(TestCase):
         return q_idx >= kv_idx
 
     def _block_mask(self):
-        return create_block_mask(self._causal, None, None, self.S, self.S, device="cpu")
+        return create_block_mask(self._causal, None, None, self.S, self.S, device=DEVICE)
 
     @staticmethod
     def _compile(fn):
@@ -299,7 +302,7 @@ class TestFlexAttentionBlockMaskInTracedStep(TestCase):
     def _block_counts_step(self, t):
         # What create_block_mask does on the way to kv_num_blocks.
         seq = self._seq_len(t)
-        mask = self._pad_to_blocks(create_mask(_causal, 1, 1, seq, seq, "cpu"))
+        mask = self._pad_to_blocks(create_mask(_causal, 1, 1, seq, seq, DEVICE))
         _, _, q, kv = mask.shape
         blocks = mask.view(1, 1, q // self.BLOCK, self.BLOCK, kv // self.BLOCK, self.BLOCK)
         return (blocks.sum(dim=[3, 5]) > 0).sum(-1)
@@ -429,7 +432,7 @@ class TestFlexAttentionBlockMaskInTracedStep(TestCase):
         def step(t, x):
             seq = self._seq_len(t)
             q = x[:seq].view(1, 1, seq, 8)
-            bm = create_block_mask(_causal, None, None, seq, seq, device="cpu")
+            bm = create_block_mask(_causal, None, None, seq, seq, device=DEVICE)
             return flex_attention(q, q * 2, q + 1, block_mask=bm)
 
         x = torch.randn(1024, 8)
@@ -458,7 +461,7 @@ class TestFlexAttentionBlockMaskInTracedStep(TestCase):
             def decode_causal(b, h, q_idx, kv_idx):
                 return q_idx + offset >= kv_idx
 
-            bm = create_block_mask(decode_causal, None, None, q_len, kv_len, device="cpu")
+            bm = create_block_mask(decode_causal, None, None, q_len, kv_len, device=DEVICE)
             k = xkv[:, :, :kv_len]
             return flex_attention(xq[:, :, :q_len], k, k * 2, block_mask=bm)
 
@@ -500,7 +503,7 @@ class TestFlexAttentionCompiledCausalBlockMask(TestCase):
 
     @staticmethod
     def _attend(q, seq):
-        bm = create_block_mask(_causal, None, None, seq, seq, device="cpu")
+        bm = create_block_mask(_causal, None, None, seq, seq, device=DEVICE)
         return flex_attention(q, q * 2, q + 1, block_mask=bm)
 
     @classmethod
@@ -564,6 +567,21 @@ class TestFlexAttentionCompiledCausalBlockMask(TestCase):
 
     def test_length_from_item_aot_eager(self):
         self._run_from_item("aot_eager")
+
+    def test_decode_with_unbacked_kv_length_inductor(self):
+        # A few queries over a KV cache of unbacked length (flex decoding's
+        # template on the Triton path), one compile for every length.
+        def step(q, kv):
+            return flex_attention(q, kv, kv * 2)
+
+        counter = CompileCounterWithBackend("inductor")
+        compiled = torch.compile(step, backend=counter, fullgraph=True)
+        for kv_len in (200, 1000, 129, 16):
+            q, kv = torch.randn(1, 2, 4, 16), torch.randn(1, 2, kv_len, 16)
+            kv_unbacked = kv.clone()
+            mark_unbacked(kv_unbacked, 2)
+            self.assertEqual(compiled(q, kv_unbacked), step(q, kv))
+        self.assertEqual(counter.frame_count, 1)
 
     # Guard tests: static sizes keep their behaviour.
 
@@ -634,7 +652,7 @@ class TestFlexAttentionDecodeBlockMaskInTracedStep(TestCase):
         def decode_causal(b, h, q_idx, kv_idx):
             return kv_idx <= q_idx + offset
 
-        return create_block_mask(decode_causal, None, None, q_len, kv_len, device="cpu")
+        return create_block_mask(decode_causal, None, None, q_len, kv_len, device=DEVICE)
 
     SHAPES = ((1, 1000), (16, 4096), (5, 2049), (1, 1), (16, 16))
 

@@ -525,11 +525,12 @@ class TestInductorDiagonalUnbacked(TestCase):
 
     @settings(max_examples=40, deadline=None)
     @given(
-        rows=st.integers(0, 12), cols=st.integers(0, 12), offset=st.sampled_from([-3, 0, 2])
+        rows=st.integers(1, 12), cols=st.integers(1, 12), offset=st.sampled_from([-3, 0, 2])
     )
     def test_property_one_graph_per_offset(self, rows, cols, offset):
         # One compiled graph per offset (compiled at 4x6, far from most sizes drawn)
-        # computes eager's diagonal at every size.
+        # computes eager's diagonal at every size. Sizes from 1: an empty input
+        # fails Dynamo's stride guard and recompiles (the other tests replay 0).
         cache = self.__dict__.setdefault("_graphs", {})
         if offset not in cache:
             cache[offset] = self._compiled(offset, torch.randn(4, 6), square=False)

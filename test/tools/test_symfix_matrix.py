@@ -41,11 +41,15 @@ class TestSuiteShards(TestCase):
 
     def test_columns_read_from_the_shards(self):
         ids = matrix.all_test_ids(SERIES)
+        triton_ids = [t for f in SERIES.rows for t in f.triton_tests]
         started, lock = [], threading.Lock()
 
         def fake_run(python, test_ids, log, control=None, suite=None, extra_env=None):
             with lock:
                 started.append(log.stem)
+            if log.stem.endswith(matrix.TRITON):  # the Triton path's tests only, on its switch
+                self.assertEqual(test_ids, triton_ids)
+                self.assertEqual(extra_env, matrix.TRITON_ENV)
             if suite == matrix.SUITE_SHARDS["tools"]:  # one shard ran every fix's test
                 return matrix.Run({t: "passed" for t in test_ids}, 0, "all passed", log)
             outcome = "failed" if python == Path("stock") else "missing"
@@ -56,14 +60,35 @@ class TestSuiteShards(TestCase):
             results, suite = matrix.run_columns(SERIES, pythons, {})
         self.assertEqual(list(suite), list(matrix.SUITE_SHARDS))
         self.assertEqual(set(started), {*(f"suite-{n}" for n in matrix.SUITE_SHARDS),
-                                        "matrix-stock", *(f"control-{f.id}" for f in SERIES.fixes
-                                                          if f.status == "in-base" and f.control)})
-        self.assertEqual(list(results), ["stock", "patched", "upstream", "control"])
+                                        "matrix-stock", "matrix-stock+triton",
+                                        "matrix-patched+triton",
+                                        *(f"control-{f.id}" for f in SERIES.fixes
+                                          if f.status == "in-base" and f.control)})
+        self.assertEqual(list(results), ["stock", "patched", "upstream", "stock+triton",
+                                         "patched+triton", "upstream+triton", "control"])
+        self.assertEqual(results["upstream+triton"], "no room")
         self.assertEqual(results["patched"], {t: "passed" for t in ids})
         self.assertEqual(results["stock"], {t: "failed" for t in ids})
         self.assertEqual(results["upstream"], "no room")
         self.assertEqual(set(results["control"]),
                          {f.id for f in SERIES.fixes if f.status == "in-base" and f.control})
+
+    def test_triton_column_judges_the_triton_tests_only(self):
+        # a fix's Triton cells judge its `triton` tests with the role's expectations; a fix
+        # without any shows none
+        fix = next(f for f in SERIES.fixes if f.status == "original" and f.triton
+                   and set(f.triton) != set(f.tests))
+        only = {t: "failed" for t in fix.tests}
+        for t in fix.triton:
+            only[t] = "passed"
+        self.assertEqual(matrix.judge(fix, "patched" + matrix.TRITON, only).text, "PASS ✓")
+        self.assertNotEqual(matrix.judge(fix, "patched", only).problems, [])
+        stock = {t: "passed" for t in fix.tests}
+        cell = matrix.judge(fix, "stock" + matrix.TRITON, stock)
+        self.assertEqual(len(cell.problems),
+                         len([t for t in fix.proof if t in fix.triton]), cell.problems)
+        plain = next(f for f in SERIES.fixes if f.tests and not f.triton_tests)
+        self.assertEqual(matrix.judge(plain, "patched" + matrix.TRITON, {}).text, "–")
 
     def test_interrupted_starts_no_more_jobs(self):
         # Ctrl-C while the jobs run: the KeyboardInterrupt reaches the waiting main thread;
@@ -122,7 +147,8 @@ class TestSuiteShards(TestCase):
                   mock.patch.object(matrix, "LOGS", logs)):
                 matrix.run_columns(SERIES, {"stock": Path("stock"), "patched": Path("p")}, {})
         self.assertEqual(started, ["suite-tools", "suite-distributed", "suite-inductor",
-                                   *CONTROL_JOBS, "suite-audit", "matrix-stock", "suite-rest"])
+                                   "matrix-stock+triton", "matrix-patched+triton", *CONTROL_JOBS,
+                                   "suite-audit", "matrix-stock", "suite-rest"])
 
 
 def sigterm_once_started(started: Path) -> None:

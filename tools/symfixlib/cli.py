@@ -114,9 +114,9 @@ def build_wheel(s: series.Series, base: basewheel.BaseWheel, dist: Path,
 def install(role: str, spec: str, key: str, link: Path | None = None,
             python: str | None = None, need_gb: float | None = None,
             bytecode: bool = False, over: Path | None = None,
-            patched: Callable[[], build.Plan] | None = None) -> Path:
+            patched: Callable[[], build.Plan] | None = None, extra: tuple[str, ...] = ()) -> Path:
     step = Step("venv")
-    path = envs.ensure(role, spec, key, link, python, need_gb, bytecode, over, patched)
+    path = envs.ensure(role, spec, key, link, python, need_gb, bytecode, over, patched, extra)
     step.done(f"{rel(path)}  (torch {envs.installed(path)['torch_version']})")
     return path
 
@@ -151,7 +151,7 @@ def cmd_wheel(args) -> int:
         built = pool.submit(build_wheel, s, base, Path(args.dist), planned)
         install("patched", str(build.output_path(s, base, Path(args.dist))),
                 build.build_key(s, base), VENV, args.python, env_need_gb(base), over=base.path,
-                patched=plan_of(s, base, planned))
+                patched=plan_of(s, base, planned), extra=s.triton)
         built.result()
     base.check()  # where nothing was made: the wheel and .venv were up to date
     print("done. `. .venv/bin/activate` and `import torch` gives the patched build.")
@@ -175,11 +175,12 @@ def cmd_test(args) -> int:
     try:
         pythons: dict[str, Path | str] = {
             "stock": install("stock", str(base.path), base.sha256, python=args.python,
-                             need_gb=need, bytecode=True),
+                             need_gb=need, bytecode=True, extra=s.triton),
             "patched": install("tested" if args.patched else "patched", str(out), out_sha,
                                None if args.patched else VENV, args.python, need, bytecode=True,
                                over=None if args.patched else base.path,
-                               patched=None if args.patched else plan_of(s, base, planned)),
+                               patched=None if args.patched else plan_of(s, base, planned),
+                               extra=s.triton),
         }
     except NoRoom as e:
         if not args.skip_if_no_room:

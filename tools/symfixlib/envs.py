@@ -112,8 +112,9 @@ def uv() -> str:
 def ensure(role: str, torch_spec: str, key: str, link: Path | None = None,
            python: str | None = None, need_gb: float | None = None,
            bytecode: bool = False, over: Path | None = None,
-           patched: Callable[[], Plan] | None = None) -> Path:
-    """An environment with ``torch_spec`` (a wheel path or a requirement) and the test deps.
+           patched: Callable[[], Plan] | None = None, extra: tuple[str, ...] = ()) -> Path:
+    """An environment with ``torch_spec`` (a wheel path or a requirement), the test deps and
+    ``extra`` requirements (the base release's triton, for the Triton column).
 
     ``key`` identifies the torch (a wheel's sha256, or the requirement); ``python`` the
     interpreter (default: this one). The environment is reused while key, interpreter and
@@ -129,7 +130,7 @@ def ensure(role: str, torch_spec: str, key: str, link: Path | None = None,
     uv is done (the build may be under way beside uv: its errors are this call's).
     """
     link = link or ENVS.parent / role
-    reqs = test_requirements()
+    reqs = test_requirements() + list(extra)
     python = python or sys.executable
     want = {"format": 3, "role": role, "torch": torch_spec, "key": key, "requirements": reqs,
             "python": python, "bytecode": bytecode}

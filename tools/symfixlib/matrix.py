@@ -70,6 +70,13 @@ PYTEST_ARGS = ["-p", "symfixlib.outcomes_plugin", "-q", "-rfE", "--tb=native", "
 JOB_ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
 
 
+# The Triton column: each fix's ``triton`` tests again on each torch, Inductor compiling through its
+# GPU code path and Triton's interpreter running the kernels on CPU (test/inductor/_triton_cpu.py,
+# switched on by test/conftest.py). Its columns are the roles' names with this suffix.
+TRITON = "+triton"
+TRITON_ENV = {"SYMFIX_INDUCTOR": "triton"}
+
+
 def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None = None,
               suite: list[str] | None = None, extra_env: dict[str, str] | None = None,
               overlay: Path | None = None) -> Run:
@@ -126,6 +133,12 @@ def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, s
     for name, (paths, log) in shards.items():
         jobs[name] = partial(run_tests, pythons["patched"], ids, log=LOGS / f"{log}.log",
                              suite=paths, extra_env=env)
+    if triton_ids := [t for fix in series.rows for t in fix.triton_tests]:
+        for role, python in pythons.items():
+            if not isinstance(python, str):
+                jobs[role + TRITON] = partial(
+                    run_tests, python, triton_ids, log=LOGS / f"matrix-{role}{TRITON}.log",
+                    extra_env={**env, **TRITON_ENV})
     for fix in series.fixes:
         if fix.status == "in-base" and fix.control and fix.tests:
             jobs[f"control-{fix.id}"] = partial(
@@ -148,6 +161,9 @@ def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, s
     results: dict[str, dict[str, str] | str] = {  # the columns in the order of ``pythons``
         role: merged if role == "patched" else python if isinstance(python, str)
         else runs.pop(role).outcomes for role, python in pythons.items()}
+    if triton_ids:
+        results |= {role + TRITON: python if isinstance(python, str)
+                    else runs.pop(role + TRITON).outcomes for role, python in pythons.items()}
     results["control"] = {name.removeprefix("control-"): run.outcomes
                           for name, run in runs.items()}
     return results, suite_runs
@@ -159,6 +175,7 @@ def expected(fix: Fix, kind: str, role: str, upstream: str | None = None) -> str
     ``upstream``: the oracle's version; it has a fix from the release the manifest records
     (``released``) on.
     """
+    role = role.removesuffix(TRITON)  # the same expectations on the Triton path
     if kind == "guard":
         return PASS
     if role == "control":  # stock with the in-base fix taken out again
@@ -186,8 +203,14 @@ def judge(fix: Fix, role: str, outcomes: dict[str, str], upstream: str | None = 
         return Cell("–", [])  # nothing carried, no tests yet
     if role == "control" and fix.status != "in-base":
         return Cell("–", [])  # stock is the control of a carried fix
+    proof, guard = fix.proof, fix.guard
+    if role.endswith(TRITON):  # only the tests that go through Inductor or FlexAttention
+        if not fix.triton_tests:
+            return Cell("–", [])
+        proof, guard = [[t for t in ids if t in fix.triton] for ids in (proof, guard)]
+        guard += fix.triton_guard
     problems = []
-    for kind, ids in (("proof", fix.proof), ("guard", fix.guard)):
+    for kind, ids in (("proof", proof), ("guard", guard)):
         for tid in ids:
             got, want = outcomes[tid], expected(fix, kind, role, upstream)
             if got == want:
@@ -200,7 +223,7 @@ def judge(fix: Fix, role: str, outcomes: dict[str, str], upstream: str | None = 
     if fix.status not in ("in-base", "acceptance") and not fix.proof:  # a workload may be
         # guards only, on a base that already runs it
         problems.append(f"{fix.id}: has no proof test")
-    proofs = {outcomes[t] for t in fix.proof} or {outcomes[t] for t in fix.guard}
+    proofs = {outcomes[t] for t in proof} or {outcomes[t] for t in guard}
     word = {frozenset({PASS}): "PASS", frozenset({FAIL}): "FAIL"}.get(frozenset(proofs), "MIXED")
     if "missing" in proofs:
         word = "MISSING"

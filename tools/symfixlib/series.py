@@ -59,6 +59,9 @@ class Fix:
     patch: str | None = None
     proof: tuple[str, ...] = ()
     guard: tuple[str, ...] = ()
+    triton: tuple[str, ...] = ()  # of proof and guard: run again on Inductor's Triton path
+    triton_guard: tuple[str, ...] = ()  # guards of the Triton path only (another fix's proof
+    # on the C++ path, say)
     control: str | None = None
     released: str | None = None  # the first torch release that has the fix
     needs: tuple[str, ...] = ()  # acceptance: the fixes the workload depends on
@@ -68,6 +71,10 @@ class Fix:
     @property
     def tests(self) -> tuple[str, ...]:
         return self.proof + self.guard
+
+    @property
+    def triton_tests(self) -> tuple[str, ...]:
+        return self.triton + self.triton_guard
 
 
 @dataclass
@@ -86,6 +93,12 @@ class Series:
 
     def fix_for(self, patch: Patch) -> Fix:
         return next(f for f in self.fixes if f.patch == patch.name)
+
+    @property
+    def triton(self) -> tuple[str, ...]:
+        """The triton the base release's CUDA wheels require, for the Triton column (the CPU
+        wheels require none)."""
+        return tuple(filter(None, [self.base.get("triton")]))
 
     @property
     def label(self) -> str:
@@ -201,6 +214,12 @@ def load(root: Path = ROOT, tag: str = DEFAULT_BASE) -> Series:
             raise SeriesError(f"manifest: {f.id}: control must be {control_path(f.id)}")
         if f.control and not (root / f.control).is_file():
             raise SeriesError(f"manifest: {f.id}: {f.control} does not exist")
+        if both := set(f.triton_guard) & set(f.tests):
+            raise SeriesError(f"manifest: {f.id}: triton_guard lists its own proofs or guards: "
+                              f"{sorted(both)} (name them in triton)")
+        if stray := set(f.triton) - set(f.tests):
+            raise SeriesError(f"manifest: {f.id}: triton lists tests that are not its proofs "
+                              f"or guards: {sorted(stray)}")
         if f.patch and f.patch not in names:
             raise SeriesError(f"manifest: {f.id}: {f.patch} is not in patches/{tag}/series")
     carried = {f.patch for f in fixes if f.patch}
