@@ -13,16 +13,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=${1:-2.13.0}
+[ -f "patches/v$base/manifest.toml" ] || { echo "symfix: no series for base $base (patches/v$base/)" >&2; exit 2; }
 if [ -z "${PYTHON:-}" ]; then
   python3 tools/symfix.py wheel --base "$base" --variant pypi
   PYTHON=.venv/bin/python
 fi
-"$PYTHON" -c 'import torch, sys; torch.cuda.is_available() or sys.exit("symfix: no CUDA GPU here")'
+"$PYTHON" -c 'import torch, sys; torch.cuda.is_available() or (print("symfix: no CUDA GPU here", file=sys.stderr), sys.exit(2))'
 mapfile -t ids < <(python3 -c "
 import tomllib
 m = tomllib.load(open('patches/v$base/manifest.toml', 'rb'))
 rows = m['fix'] + m.get('acceptance', [])
-print('\n'.join(dict.fromkeys(t for f in rows for t in f.get('triton', []))))")
+print('\n'.join(dict.fromkeys(t for f in rows for t in f.get('triton', []) + f.get('triton_guard', []))))")
 echo "gpu check: ${#ids[@]} tests of the v$base series on $("$PYTHON" -c 'import torch; print(torch.cuda.get_device_name(), "torch", torch.__version__)')"
-SYMFIX_DEVICE=cuda PYTHONPATH=tools timeout 600 "$PYTHON" -m pytest -q -p no:cacheprovider -rfE \
+SYMFIX_DEVICE=cuda timeout 600 "$PYTHON" -m pytest -q -p no:cacheprovider -rfE \
   --tb=short "${ids[@]}"

@@ -203,7 +203,7 @@ def cmd_test(args) -> int:
     results, suite_runs = matrix.run_columns(
         s, {role: envs.python_of(p) if isinstance(p, Path) else p for role, p in pythons.items()},
         env, suite=not args.matrix_only)
-    step.done(f"matrix on {', '.join(pythons)}, controls on stock"
+    step.done(f"matrix on {', '.join(pythons)} (C++ and Triton paths), controls on stock"
               + ("" if args.matrix_only else ", test/ on patched")
               + f", two at a time  (logs: {rel(matrix.LOGS)})", "run")
     text, problems = matrix.table(s, results)
