@@ -394,11 +394,15 @@ class Captured:
         self.gm, self.fake_mode, self.fake_args = gm, fake_mode, fake_args
         self.names, self.specs = names, specs
 
-    def run(self, params, momentum, batch):
-        flat = [params[n]._local_tensor for n in self.names]
-        flat += [momentum[n]._local_tensor for n in self.names]
+    def flat(self, params, momentum):
+        """The graph's state inputs: the local tensors of the parameters, then momentum."""
+        return [params[n]._local_tensor for n in self.names] + [
+            momentum[n]._local_tensor for n in self.names
+        ]
+
+    def run(self, params, momentum, batch, fn=None):
         with torch.no_grad():
-            out = self.gm(*flat, batch)
+            out = (fn or self.gm)(*self.flat(params, momentum), batch)
         return out[0], list(out[1:])
 
 
@@ -614,8 +618,11 @@ def _max_diff(a, b):
     return float((a - b).abs().max()) if a.numel() else 0.0
 
 
-def _run_variant(mesh, attn, rank, shapes, hint, beyond_upstream=False):
-    """Capture once, rewrite, run every shape; returns a JSON-able record."""
+def _run_variant(mesh, attn, rank, shapes, hint, beyond_upstream=False, compiled=False):
+    """Capture once, rewrite, run every shape; returns a JSON-able record.
+
+    ``compiled``: instead of the eager comparison, compile the rewritten graph
+    once with Inductor and compare it with the graph at every shape."""
     from torch._dynamo.utils import counters
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
@@ -643,8 +650,11 @@ def _run_variant(mesh, attn, rank, shapes, hint, beyond_upstream=False):
         with stage("chunk pass (materialize_symints)"):
             extents = chunk_router_tokens(cap.gm)
         rec["chunk_extents"] = [str(e) for e in extents]
-        with stage("EP count chunking pass (materialize_symints)"):
-            rec["count_chunk_extents"] = [str(e) for e in chunk_expert_counts(cap.gm)]
+        # Not before Inductor: its lowering of a slice at the chunks' data-dependent
+        # offsets guards on them (handle_negative_index: Min(u9 + u10, ...) < 0).
+        if not compiled:
+            with stage("EP count chunking pass (materialize_symints)"):
+                rec["count_chunk_extents"] = [str(e) for e in chunk_expert_counts(cap.gm)]
         with stage("FakeTensorProp over the chunked graph (rebind_unbacked)"):
             fake_prop(cap)
         with stage("collective bucketing"):
@@ -657,6 +667,9 @@ def _run_variant(mesh, attn, rank, shapes, hint, beyond_upstream=False):
             )
             insert_input_range_asserts(cap.gm, cap.fake_mode.shape_env)
     rec["collectives_bucketed"] = count_collectives(cap.gm)
+    if compiled:
+        rec["compiled"] = _run_compiled(cap, mesh, rank, shapes)
+        return rec
 
     captures = CAPTURES["make_fx"]
     for i, (B, S) in enumerate(shapes):
@@ -699,6 +712,42 @@ def _run_variant(mesh, attn, rank, shapes, hint, beyond_upstream=False):
         else:
             rec["refused"][f"{B}x{S}"] = None
     return rec
+
+
+def _run_compiled(cap, mesh, rank, shapes):
+    """The rewritten graph compiled once by Inductor, as a graph trainer compiles
+    its step for the GPU, and run at every shape beside the graph itself, each on
+    a state of its own: per shape, the largest difference of the loss, the
+    gradients, the parameters and the momentum after the step."""
+    from torch._guards import tracing, TracingContext
+    from torch._inductor.compile_fx import compile_fx
+
+    with stage("compile_fx (Inductor)"), tracing(TracingContext(cap.fake_mode)):
+        fn = compile_fx(cap.gm, cap.fake_args)
+    compiled_state, graph_state = sharded_state(mesh, seed=1), sharded_state(mesh, seed=1)
+    diffs = {}
+    for i, (B, S) in enumerate(shapes):
+        batch = make_batch(B, S, seed=100 * i + rank)
+        with stage(f"run compiled step B={B} S={S}"):
+            loss, grads = cap.run(*compiled_state, batch, fn=fn)
+        ref_loss, ref_grads = cap.run(*graph_state, batch)
+        pairs = zip([loss, *grads, *cap.flat(*compiled_state)],
+                    [ref_loss, *ref_grads, *cap.flat(*graph_state)], strict=True)
+        diffs[f"{B}x{S}"] = max(_max_diff(a, b) for a, b in pairs)
+    return diffs
+
+
+def _triton_path():
+    """Inductor's Triton (GPU) code path on CPU tensors, for this process: the
+    helper of the Triton column (test/inductor/_triton_cpu.py)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "inductor", "_triton_cpu.py")
+    spec = importlib.util.spec_from_file_location("symfix_triton_cpu", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.activate()
 
 
 def insert_input_range_asserts(gm, shape_env):
@@ -773,7 +822,8 @@ def block_mask_record(gm):
     }
 
 
-def _worker(rank, world, out_dir, variants, shapes, hint, beyond_upstream=False):
+def _worker(rank, world, out_dir, variants, shapes, hint, beyond_upstream=False,
+            compiled=False):
     out = {
         "rank": rank,
         "torch": torch.__version__,
@@ -782,13 +832,16 @@ def _worker(rank, world, out_dir, variants, shapes, hint, beyond_upstream=False)
     }
     try:
         torch.set_num_threads(1)
+        if compiled:
+            with stage("Triton path (test/inductor/_triton_cpu.py)"):
+                _triton_path()
         with stage("init gloo process group"):
             init_gloo(rank, world, os.path.join(out_dir, "store"))
             mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (world,))
         for attn in variants:
             try:
                 out["variants"][attn] = _run_variant(
-                    mesh, attn, rank, shapes, hint, beyond_upstream
+                    mesh, attn, rank, shapes, hint, beyond_upstream, compiled
                 )
             except StageError as e:
                 out["variants"][attn] = {
@@ -815,24 +868,39 @@ FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "torch.distributed.tensor", __na
 
 
 def run_workload(
-    world=2, variants=("flex", "sdpa"), shapes=((1, 1),), hint=(4, 8), beyond_upstream=False
+    world=2, variants=("flex", "sdpa"), shapes=((1, 1),), hint=(4, 8), beyond_upstream=False,
+    compiled=False,
 ):
+    """``compiled``: the captured step compiled by Inductor through its Triton
+    path (see _run_compiled); its ranks are spawned afresh, since Triton's
+    interpreter must be switched on before they import torch."""
     mp.set_forkserver_preload(FORKSERVER_PRELOAD)
-    with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(
-            _worker,
-            args=(
-                world,
-                d,
-                tuple(variants),
-                [tuple(s) for s in shapes],
-                tuple(hint),
-                beyond_upstream,
-            ),
-            nprocs=world, join=True, start_method="forkserver"
-        )
-        results = []
-        for r in range(world):
-            with open(os.path.join(d, f"rank{r}.json")) as f:
-                results.append(json.load(f))
+    env = {"TRITON_INTERPRET": "1"} if compiled else {}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            mp.start_processes(
+                _worker,
+                args=(
+                    world,
+                    d,
+                    tuple(variants),
+                    [tuple(s) for s in shapes],
+                    tuple(hint),
+                    beyond_upstream,
+                    compiled,
+                ),
+                nprocs=world, join=True, start_method="spawn" if compiled else "forkserver"
+            )
+            results = []
+            for r in range(world):
+                with open(os.path.join(d, f"rank{r}.json")) as f:
+                    results.append(json.load(f))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return results

@@ -63,11 +63,12 @@ VARIANTS = ("flex", "sdpa")
 ATOL = RTOL = 1e-4
 
 
-class _GraphTrainerRun:
+class _WorkloadRun:
     """One 2-rank spawned run (setUpClass) loops over both attention variants
     and all shapes; the tests check its record.  Mixed into a TestCase below."""
 
     BEYOND_UPSTREAM = False
+    COMPILED = False
     SHAPES = ()
     results = None
 
@@ -75,7 +76,8 @@ class _GraphTrainerRun:
     def setUpClass(cls):
         super().setUpClass()
         cls.results = M.run_workload(
-            WORLD, VARIANTS, cls.SHAPES, HINT, beyond_upstream=cls.BEYOND_UPSTREAM
+            WORLD, VARIANTS, cls.SHAPES, HINT, beyond_upstream=cls.BEYOND_UPSTREAM,
+            compiled=cls.COMPILED,
         )
 
     def _variant(self, attn):
@@ -89,6 +91,10 @@ class _GraphTrainerRun:
                     f"layer: {rec['failed_stage']}\n{rec['error']}\n{rec['traceback']}"
                 )
         return [res["variants"][attn] for res in self.results]
+
+
+class _GraphTrainerRun(_WorkloadRun):
+    """The captured step against eager, shape by shape."""
 
     def _check_one_graph_for_all_shapes(self, attn):
         for rec in self._variant(attn):
@@ -280,6 +286,30 @@ class TestPublicFlexAttentionInCapture(TestCase):
         out.sum().backward()  # the HOP's math path has a backward on CPU
         self.assertEqual(q.grad.shape, q.shape)
 
+
+class TestGraphTrainerCompiledTritonPath(_WorkloadRun, TestCase):
+    """The beyond-upstream step as a graph trainer runs it on GPUs: the rewritten
+    capture compiled once by Inductor through its Triton code path (kernels and
+    the flex templates, run by Triton's interpreter on CPU tensors:
+    test/inductor/_triton_cpu.py), then run at shapes far from the hint beside
+    the captured graph itself.  Inductor's C++ backend cannot compile this step
+    (its flex lowering is inference-only)."""
+
+    BEYOND_UPSTREAM = True
+    COMPILED = True
+    SHAPES = [(2, 1), (3, 5), (2, 9)]  # small: the interpreter runs every kernel in numpy
+
+    def _check_compiled_matches_graph(self, attn):
+        for rec in self._variant(attn):
+            self.assertEqual(sorted(rec["compiled"]), sorted(f"{b}x{s}" for b, s in self.SHAPES))
+            for shape, diff in rec["compiled"].items():
+                self.assertLessEqual(diff, 1e-4, (attn, shape))
+
+    def test_flex_compiled_step_matches_graph(self):
+        self._check_compiled_matches_graph("flex")
+
+    def test_sdpa_compiled_step_matches_graph(self):
+        self._check_compiled_matches_graph("sdpa")
 
 if __name__ == "__main__":
     run_tests()

@@ -14,7 +14,10 @@ process is patched:
 - FlexAttention's lowering sends CPU tensors to its C++ template first; that one branch is
   dropped, so CPU tensors take the Triton templates, as CUDA tensors do;
 - flex decoding sizes its split of the keys by the GPU's SM count: without CUDA,
-  ``torch.cuda.get_device_properties`` answers for a GPU of 4 SMs (small grids for the interpreter).
+  ``torch.cuda.get_device_properties`` answers for a GPU of 4 SMs (small grids for the interpreter);
+- the interpreter's atomics get their mask and values as contiguous arrays of the pointers' shape:
+  with a [1, 1] mask over a [1, N] block (XBLOCK=1) it updated the first element only, which
+  made a persistent reduction's embedding gradient wrong.
 
 It checks the torch and triton releases it was written for and says loudly why it cannot run.
 Slow (numpy runs every program of a grid): sizes stay small.
@@ -172,6 +175,34 @@ def _device_properties(get_device_properties):
     return props
 
 
+def _contiguous_atomics():
+    """The interpreter's C++ atomics with every operand a contiguous array of the pointers'
+    shape (see the module's docstring)."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    native = interpreter._interpreter
+
+    def full(a, shape):
+        return np.ascontiguousarray(np.broadcast_to(a, shape))
+
+    class Atomics:
+        def __getattr__(self, name):
+            return getattr(native, name)
+
+        @staticmethod
+        def atomic_rmw(op, ptr, val, mask, sem):
+            return native.atomic_rmw(op, full(ptr, ptr.shape), full(val, ptr.shape),
+                                     full(mask, ptr.shape), sem)
+
+        @staticmethod
+        def atomic_cas(ptr, cmp, val, sem):
+            return native.atomic_cas(full(ptr, ptr.shape), full(cmp, ptr.shape),
+                                     full(val, ptr.shape), sem)
+
+    interpreter._interpreter = Atomics()
+
+
 _ACTIVE = None
 
 
@@ -192,4 +223,5 @@ def activate() -> None:
     for name, torch_fn in _libdevice_impls().items():
         if hasattr(triton_helpers.libdevice, name):
             setattr(triton_helpers.libdevice, name, _libdevice_fn(torch_fn))
+    _contiguous_atomics()
     _ACTIVE = _flex_lowering_without_cpu_branch()

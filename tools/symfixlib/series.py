@@ -60,8 +60,8 @@ class Fix:
     proof: tuple[str, ...] = ()
     guard: tuple[str, ...] = ()
     triton: tuple[str, ...] = ()  # of proof and guard: run again on Inductor's Triton path
-    triton_guard: tuple[str, ...] = ()  # guards of the Triton path only (another fix's proof
-    # on the C++ path, say)
+    triton_guard: tuple[str, ...] = ()  # guards on the Triton path, whatever they are on the
+    # C++ path (a proof there, say)
     control: str | None = None
     released: str | None = None  # the first torch release that has the fix
     needs: tuple[str, ...] = ()  # acceptance: the fixes the workload depends on
@@ -214,9 +214,9 @@ def load(root: Path = ROOT, tag: str = DEFAULT_BASE) -> Series:
             raise SeriesError(f"manifest: {f.id}: control must be {control_path(f.id)}")
         if f.control and not (root / f.control).is_file():
             raise SeriesError(f"manifest: {f.id}: {f.control} does not exist")
-        if both := set(f.triton_guard) & set(f.tests):
-            raise SeriesError(f"manifest: {f.id}: triton_guard lists its own proofs or guards: "
-                              f"{sorted(both)} (name them in triton)")
+        if both := set(f.triton_guard) & set(f.triton):
+            raise SeriesError(f"manifest: {f.id}: tests in both triton and triton_guard: "
+                              f"{sorted(both)}")
         if stray := set(f.triton) - set(f.tests):
             raise SeriesError(f"manifest: {f.id}: triton lists tests that are not its proofs "
                               f"or guards: {sorted(stray)}")
