@@ -30,6 +30,7 @@ import os
 import tempfile
 import traceback
 import warnings
+from unittest import mock
 
 import torch
 import torch._dynamo.decorators
@@ -769,10 +770,10 @@ def insert_input_range_asserts(gm, shape_env):
             expr = size.node.expr if isinstance(size, torch.SymInt) else None
             if expr is None or not expr.is_Symbol:
                 continue
-            lo, hi = shape_env.var_to_range[expr].lower, shape_env.var_to_range[expr].upper
-            checks = [(operator.ge, ">=", lo)] if lo > 0 else []
-            if hi.is_finite and hi < sys.maxsize - 1:
-                checks.append((operator.le, "<=", hi))
+            vr = shape_env.var_to_range[expr]
+            checks = [(operator.ge, ">=", vr.lower)] if vr.lower > 0 else []
+            if vr.upper.is_finite and vr.upper < sys.maxsize - 1:
+                checks.append((operator.le, "<=", vr.upper))
             for op, sign, bound in checks:
                 with gm.graph.inserting_before(first_op):
                     ok = gm.graph.call_function(
@@ -876,31 +877,22 @@ def run_workload(
     interpreter must be switched on before they import torch."""
     mp.set_forkserver_preload(FORKSERVER_PRELOAD)
     env = {"TRITON_INTERPRET": "1"} if compiled else {}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        with tempfile.TemporaryDirectory() as d:
-            mp.start_processes(
-                _worker,
-                args=(
-                    world,
-                    d,
-                    tuple(variants),
-                    [tuple(s) for s in shapes],
-                    tuple(hint),
-                    beyond_upstream,
-                    compiled,
-                ),
-                nprocs=world, join=True, start_method="spawn" if compiled else "forkserver"
-            )
-            results = []
-            for r in range(world):
-                with open(os.path.join(d, f"rank{r}.json")) as f:
-                    results.append(json.load(f))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with mock.patch.dict(os.environ, env), tempfile.TemporaryDirectory() as d:
+        mp.start_processes(
+            _worker,
+            args=(
+                world,
+                d,
+                tuple(variants),
+                [tuple(s) for s in shapes],
+                tuple(hint),
+                beyond_upstream,
+                compiled,
+            ),
+            nprocs=world, join=True, start_method="spawn" if compiled else "forkserver"
+        )
+        results = []
+        for r in range(world):
+            with open(os.path.join(d, f"rank{r}.json")) as f:
+                results.append(json.load(f))
     return results
