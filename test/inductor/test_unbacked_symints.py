@@ -465,6 +465,42 @@ class TestInductorDiagonalUnbacked(TestCase):
             with torch._dynamo.config.patch(error_on_recompile=True):
                 self._replay(compiled, eager, self.RECT)
 
+    def test_modes_match_eager(self):
+        # one compile per mode, replayed at sizes 1, 2, not a multiple of a
+        # block, and far from the first: values, dtype and requires_grad as
+        # eager's. Under bf16 autocast the step's matmul is cast. (The matmul's
+        # backward over an unbacked contracted dim guards Eq(u0, 1), on stock
+        # too, so the input that requires grad goes through sin instead.)
+        def through_sin(x):
+            return torch.diagonal(x.sin(), 1) * 2
+
+        def through_matmul(x):
+            return torch.diagonal(x @ x, 1) * 2
+
+        modes = {
+            "grad": (contextlib.nullcontext, True, through_sin),
+            "autocast_bf16": (
+                lambda: torch.autocast("cpu", dtype=torch.bfloat16), False, through_matmul,
+            ),
+            "no_grad": (torch.no_grad, True, through_matmul),
+            "inference_mode": (torch.inference_mode, True, through_matmul),
+        }
+        for name, (mode, requires_grad, step) in modes.items():
+            with self.subTest(mode=name):
+                torch._dynamo.reset()
+                compiled = torch.compile(step, backend="inductor", fullgraph=True)
+                for n in (5, 1, 2, 17, 130):
+                    x = torch.randn(n, n, requires_grad=requires_grad)
+                    x_c = x.detach().clone().requires_grad_(requires_grad)
+                    torch._dynamo.decorators.mark_unbacked(x_c, 0)
+                    torch._dynamo.decorators.mark_unbacked(x_c, 1)
+                    with mode(), _no_graph_caches():
+                        got, ref = compiled(x_c), step(x)
+                    self.assertEqual(got.dtype, ref.dtype, msg=f"{name} {n}")
+                    self.assertEqual(got.requires_grad, ref.requires_grad, msg=f"{name} {n}")
+                    tol = {"atol": 0.5, "rtol": 2e-2} if ref.dtype == torch.bfloat16 else {}
+                    self.assertEqual(got, ref, msg=f"{name} {n}", **tol)
+
     def test_diagonal_copy_and_scatter(self):
         compiled, eager = self._compiled(
             1, torch.randn(5, 5), square=True, op=torch.diagonal_copy
