@@ -19,7 +19,7 @@ from torch.testing._internal.common_utils import run_tests, TestCase
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from symfixlib import build  # noqa: E402
+from symfixlib import git  # noqa: E402
 from symfixlib.series import git_blob_id  # noqa: E402
 from test_symfix_source import source_file  # noqa: E402
 from test_symfix_wheel import real_base_wheel, SERIES  # noqa: E402
@@ -57,7 +57,7 @@ class TestSdpaCppPatch(TestCase):
         tree = self.tmp / "tree"
         (tree / SOURCE).parent.mkdir(parents=True, exist_ok=True)
         (tree / SOURCE).write_bytes(self.source)
-        self.assertIsNone(build.git_apply(self.patch, tree))
+        self.assertIsNone(git.apply(self.patch, tree))
         return (tree / SOURCE).read_bytes()
 
     def test_source_only(self):

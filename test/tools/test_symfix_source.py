@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from symfixlib import build, checkout, series, source  # noqa: E402
+from symfixlib import git as gitops  # noqa: E402
 from symfixlib.errors import PatchFailed, Refused  # noqa: E402
 from test_symfix_matrix import sigterm_once_started  # noqa: E402
 from test_symfix_wheel import real_base_wheel, series_with_broken_patch  # noqa: E402
@@ -54,7 +55,7 @@ backend-path = ["."]
 
 
 def git(src, *args):
-    return checkout.git(Path(src), *args).stdout.strip()
+    return gitops.run(Path(src), *args).stdout.strip()
 
 
 PACKAGING_GUARD = "#if !defined(TORCH_STABLE_ONLY) && !defined(TORCH_TARGET_VERSION)\n"

@@ -29,7 +29,7 @@ from wheel.wheelfile import WheelFile
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from symfixlib import basewheel, build, cli, envs, errors, series  # noqa: E402
+from symfixlib import basewheel, build, cli, envs, errors, patched, series  # noqa: E402
 from symfixlib.series import git_blob_id  # noqa: E402
 
 SERIES = series.load()
@@ -185,7 +185,7 @@ class TestBaseVerification(TestCase):
         # the same, and neither the build nor the environment is kept
         name = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
         wheel = make_wheel(self.tmp / name, without_requirements(mini_files()))
-        with mock.patch.object(cli, "VENV", self.tmp / "venv"), \
+        with mock.patch.object(patched, "VENV", self.tmp / "venv"), \
                 mock.patch.object(envs, "ENVS", self.tmp / "envs"), \
                 mock.patch.object(envs, "LOGS", self.tmp / "logs"), \
                 mock.patch.object(envs, "test_requirements", return_value=[]), \
@@ -476,7 +476,7 @@ class TestInstallOver(TestCase):
         base = make_wheel(tmp / MINI, without_requirements(mini_files()))
         broken = series_with_broken_patch(tmp, 0)
         with mock.patch.object(series, "load", return_value=broken), \
-                mock.patch.object(cli, "VENV", tmp / "venv"), \
+                mock.patch.object(patched, "VENV", tmp / "venv"), \
                 mock.patch.object(envs, "ENVS", tmp / "envs"), \
                 mock.patch.object(envs, "LOGS", tmp / "logs"), \
                 mock.patch.object(envs, "test_requirements", return_value=[]), \

@@ -23,9 +23,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from . import build, matrix
-from .errors import BadTarget
-from .series import Fix, git_blob_id, Patch, ROOT, Series
+from . import git, matrix
+from .errors import BadTarget, Refused
+from .series import Fix, git_blob_id, load, Patch, ROOT, Series
 
 ENGINE = ROOT / "torch" / "_symfix" / "audit.py"
 ORACLE = ROOT / ".symfix" / "upstream" / "bin" / "python"  # the series' oracle: `test --upstream`
@@ -100,9 +100,9 @@ class Overlay:
         self.n += 1
         root = self.tmp / f"overlay-{self.n}"
         scratch = self.tmp / f"apply-{self.n}"
-        build.write_tree(scratch, self.base)
+        git.write_tree(scratch, self.base)
         for p in sorted(patches, key=self.series.wheel_patches.index):
-            if build.git_apply(p, scratch):
+            if git.apply(p, scratch):
                 return None
         changed = {c.path for p in patches for c in p.changes}
         for path in changed:
@@ -346,3 +346,15 @@ def audit(series: Series, target: str, python: Path, repro_dir: Path, tests: boo
 def default_python() -> Path:
     return ROOT / ".venv" / "bin" / "python"
 
+
+def run(args) -> int:
+    """`symfix.py audit`."""
+    python = Path(args.python) if args.python else default_python()
+    if not python.exists():
+        raise Refused(f"--python {python}: no such interpreter"
+                      + ("" if args.python else " (run `python3 tools/symfix.py wheel` first)"))
+    path = args.target.partition(":")[0] if not Path(args.target).is_file() else args.target
+    if not Path(path).is_file():
+        raise BadTarget(f"{path}: no such file")
+    return audit(load(), args.target, python, Path(args.repro_dir),
+                       tests=not args.no_tests)

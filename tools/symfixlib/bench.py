@@ -14,11 +14,12 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from . import basewheel, build, envs
+from . import basewheel, build, envs, patched
 from .series import ROOT, Series
 
 WORKLOAD = ROOT / "test" / "distributed" / "bench_graph_trainer.py"
@@ -127,3 +128,67 @@ def workload(python: Path, *args: str, script: Path = WORKLOAD) -> dict | str:
     if proc.returncode:
         return f"failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def report(args) -> int:
+    """`symfix.py bench`: every speed goal as a ratio."""
+    s = patched.load_series(args)
+    base = patched.base_wheel(s, args)
+    w = wheel(s, base)
+    print(f"\nwheel   base {base.path.stat().st_size / 1e6:.0f} MB, medians of 5")
+    print(f"  plain copy of the base wheel   {w['copy']:7.2f} s   1.00x (the floor)")
+    print(f"  verify the base                {w['verify']:7.2f} s")
+    print(f"  build (apply + pack)           {w['build']:7.2f} s   {w['build'] / w['copy']:5.1f}x "
+          f"copy, {w['build'] - w['copy']:+.2f} s (goal: within 5 s)")
+    print(f"  rebuild with inputs unchanged  {w['rebuild']:7.2f} s   "
+          f"{w['rebuild'] / w['build']:5.2f}x a fresh build")
+    m = main_job(base.path, args.python or sys.executable)
+    print("\nmain job, as a user runs it (base wheel on disk; medians of 3, `test` once)")
+    print(f"  uv venv + uv pip install of the stock wheel   {m['uv_stock']:7.2f} s   1.00x "
+          "(uv's cache holds it)")
+    print(f"    the same, a wheel uv has not unpacked yet   {m['uv_stock_unseen']:7.2f} s   "
+          f"{m['uv_stock_unseen'] / m['uv_stock']:5.2f}x")
+    print(f"  `wheel` on a fresh clone (build + .venv)      {m['fresh_clone']:7.2f} s   "
+          f"{m['fresh_clone'] / m['uv_stock']:5.2f}x uv, "
+          f"{m['fresh_clone'] / m['uv_stock_unseen']:4.2f}x uv unpacking (goal: within 3x)")
+    print(f"  `wheel` again, nothing changed                {m['again']:7.2f} s   "
+          f"(goal: under 1 s)")
+    print(f"  `test` (matrix + test/, no --upstream)        {m['test']:7.1f} s   "
+          f"{m['test'] / 300:5.2f}x the 5 minutes of symfix14's serial run (goal: 0.5x)")
+    sdpa = [workload(envs.python_of(env), script=SDPA_UNDER_MODE)
+            for env in (ROOT / ".symfix" / "stock", patched.VENV)]
+    print("\nSDPA under a no-op dispatch mode (test/bench_sdpa_dispatch_mode.py), µs per call")
+    if any(isinstance(r, str) for r in sdpa):
+        print(f"  not measured: {next(r for r in sdpa if isinstance(r, str))}")
+    else:
+        for key, what in (("plain_us", "no unbacked size made"),
+                          ("after_unbacked_us", "after an unbacked size")):
+            print(f"  {what:24} stock {sdpa[0][key]:6.1f}   patched {sdpa[1][key]:6.1f}   "
+                  f"{sdpa[1][key] / sdpa[0][key]:5.2f}x (goal: within 1.05x)")
+    stock = workload(envs.python_of(ROOT / ".symfix" / "stock"), "--static-only")
+    ours = workload(envs.python_of(patched.VENV))
+    print("\ngraph trainer step (test/distributed/bench_graph_trainer.py): medians; steps of the "
+          "two graphs interleaved, CPU time")
+    if isinstance(stock, str) or isinstance(ours, str):
+        print(f"  not measured: {stock if isinstance(stock, str) else ours}")
+        return 1
+    k = len(ours["shapes"])
+    one, static = ours["trace_unbacked_s"], stock["static_recompiles_total_s"]
+    print(f"  trace  one unbacked graph, patched             {one:7.2f} s")
+    print(f"         {k} static graphs, one per shape, stock   {static:7.2f} s"
+          f"   unbacked/static {one / static:5.2f}x")
+    p = ours
+    by_kind = ", ".join(f"{kind} {us:+.0f}" for kind, us in p["fixed_cost_by_kind_us"].items())
+    print(f"  step   unbacked graph ({p['assert_nodes']} runtime asserts)      "
+          f"{p['step_unbacked_cpu_s'] * 1e3:7.2f} ms")
+    print(f"         static graph of that shape ({p['assert_nodes_static']} asserts)  "
+          f"{p['step_static_cpu_s'] * 1e3:7.2f} ms   unbacked/static "
+          f"{p['step_overhead_unbacked_vs_static_cpu']:5.2f}x (goal: <= 1.05x)")
+    print(f"         fixed cost of the unbacked graph  {p['fixed_cost_us']:+.0f} µs/step "
+          f"({by_kind})")
+    if "step_unbacked_large_cpu_s" in p:
+        print(f"         model x{p['large_size']}, shape {p['large_step_shape']}: "
+              f"{p['step_unbacked_large_cpu_s'] * 1e3:.1f} / "
+              f"{p['step_static_large_cpu_s'] * 1e3:.1f} ms   unbacked/static "
+              f"{p['step_overhead_unbacked_vs_static_large_cpu']:5.2f}x (median of paired steps)")
+    return 0

@@ -9,14 +9,13 @@ import mmap
 import os
 import pprint
 import re
-import subprocess
 import tempfile
 import zipfile
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import rawzip
+from . import git, rawzip
 from .basewheel import BaseWheel, remember, remembered
 from .errors import PatchFailed
 from .series import as_lf, Patch, Series
@@ -104,38 +103,6 @@ def provenance_module(series: Series, base: dict, version: str, key: str,
     ).encode()
 
 
-def failing_hunk(patch: Patch, stderr: str) -> str:
-    m = re.search(r"patch failed: (\S+):(\d+)", stderr)
-    if m:
-        for change in patch.changes:
-            if change.path == m.group(1):
-                for hunk in change.hunks:
-                    if hunk.startswith(f"@@ -{m.group(2)},"):
-                        return f"{change.path}: hunk {hunk}"
-        return f"{m.group(1)}:{m.group(2)}"
-    lines = stderr.strip().splitlines()
-    return lines[-1] if lines else "git apply failed"
-
-
-def write_tree(tree: Path, files: dict[str, bytes]) -> None:
-    for path, data in files.items():
-        dest = tree / path
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(data)
-
-
-def git_apply(patch: Patch, tree: Path, *options: str) -> str | None:
-    """``git apply`` one patch in a scratch ``tree`` (exact context, no fuzz).
-
-    Returns None if it applied, else the failing hunk.
-    """
-    # Keep git from finding a repository above the scratch directory.
-    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(tree.parent)}
-    proc = subprocess.run(["git", "apply", "--whitespace=nowarn", *options, str(patch.path)],
-                          cwd=tree, env=env, capture_output=True, text=True)
-    return failing_hunk(patch, proc.stderr) if proc.returncode else None
-
-
 def apply_series(series: Series, files: dict[str, bytes], say=print) -> dict[str, bytes | None]:
     """Apply every patch of the wheel build to ``files`` (path -> bytes); ``say`` hears of
     each patch, applied or (not ``patch.wheel``: source builds only) skipped.
@@ -143,9 +110,9 @@ def apply_series(series: Series, files: dict[str, bytes], say=print) -> dict[str
     Returns the files after the series; None for a file the series deletes.
     """
     with tempfile.TemporaryDirectory(prefix="symfix-apply-") as tmp:
-        write_tree(Path(tmp), files)
+        git.write_tree(Path(tmp), files)
         for patch in series.patches:
-            if patch.wheel and (failed := git_apply(patch, Path(tmp))):
+            if patch.wheel and (failed := git.apply(patch, Path(tmp))):
                 raise PatchFailed(f"patch {patch.name} does not apply: {failed}")
             say(patch)
         return {path: Path(tmp, path).read_bytes() if Path(tmp, path).exists() else None

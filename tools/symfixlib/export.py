@@ -14,11 +14,11 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
-from . import checkout, envs, porttests
+from . import checkout, envs, git, matrix, patched, porttests
 from .basewheel import sha256_file
-from .build import git_apply, write_tree
 from .errors import Refused
-from .series import bases, DEFAULT_BASE, Fix, load, Patch, Series
+from .report import rel, Step
+from .series import bases, DEFAULT_BASE, Fix, load, Patch, ROOT, Series
 
 # Our provenance trailers: the series keeps them, upstream commits do not want them.
 DROPPED_TRAILERS = ("Origin", "Bug", "Applied-Upstream", "Last-Update", "Forwarded")
@@ -163,7 +163,7 @@ def pr_text(series: Series, patch: Patch, fix: Fix, target: str | None = None,
 
 def base_ref(src: Path, target: str, given: str | None, series: Series) -> str:
     def exists(ref):
-        return checkout.git(src, "rev-parse", "-q", "--verify", f"{ref}^{{commit}}",
+        return git.run(src, "rev-parse", "-q", "--verify", f"{ref}^{{commit}}",
                             check=False).returncode == 0
 
     if given:
@@ -185,9 +185,9 @@ def check_checkout(src: Path) -> None:
         raise Refused(f"checkout {src}: not a directory")
     if not (src / ".git").exists():
         raise Refused(f"checkout {src}: not a git checkout")
-    if checkout.git(src, "rev-parse", "--verify", "-q", "HEAD", check=False).returncode:
+    if git.run(src, "rev-parse", "--verify", "-q", "HEAD", check=False).returncode:
         raise Refused(f"checkout {src}: has no commit")
-    if checkout.git(src, "status", "--porcelain").stdout.strip():
+    if git.run(src, "status", "--porcelain").stdout.strip():
         raise Refused(f"checkout {src}: the tree is not clean")
 
 
@@ -220,11 +220,11 @@ def export(p: Plan, src: Path, base: str | None, out: Path, say=print) -> Export
     def with_tests(patch, commit):
         fix = series.fix_for(patch)
         changed = porttests.carry_fix(fix, series.root, src)
-        checkout.git(src, "add", "--", *changed)
-        message = checkout.git(src, "log", "-1", "--format=%B", commit).stdout
-        checkout.git(src, "commit", "-q", "--amend", "--no-verify", "-m",
+        git.run(src, "add", "--", *changed)
+        message = git.run(src, "log", "-1", "--format=%B", commit).stdout
+        git.run(src, "commit", "-q", "--amend", "--no-verify", "-m",
                      upstream_message(message))
-        commits.append(checkout.git(src, "rev-parse", "HEAD").stdout.strip())
+        commits.append(git.run(src, "rev-parse", "HEAD").stdout.strip())
         say(patch, commits[-1], changed)
 
     checkout.am(src, p.patches, branch, start, say=with_tests)
@@ -326,10 +326,71 @@ def rebase_check(series: Series, target: Path) -> dict[str, str]:
         root = _torch_root(target)
         files = {path: (root / path).read_bytes() for path in paths if (root / path).is_file()}
     with tempfile.TemporaryDirectory(prefix="symfix-rebase-") as tmp:
-        write_tree(Path(tmp), files)
+        git.write_tree(Path(tmp), files)
         verdicts = {}
         for patch in series.patches:
-            failed = patch.wheel and git_apply(patch, Path(tmp))
+            failed = patch.wheel and git.apply(patch, Path(tmp))
             verdicts[patch.name] = ("source only (not in these Python files)" if not patch.wheel
                                     else f"conflicts: {failed}" if failed else "applies")
         return verdicts
+
+
+def run(args) -> int:
+    """`symfix.py export`: a patch (or the stack) as a PyTorch branch plus its PR text."""
+    if args.all == bool(args.id):
+        raise Refused("export: name one fix id, or --all")
+    xp = plan(ROOT, args.id, args.series)
+    s = xp.series
+    print(f"series  {s.base['tag']}: {len(xp.patches)} of {len(s.patches)} patches, "
+          f"PR text addressed to {xp.target}" + (f"\n        {xp.note}" if xp.note else ""))
+    src = Path(args.onto).resolve()
+    check_checkout(src)
+    check_out_dir(Path(args.out))
+    if args.dry_run:
+        start = base_ref(src, xp.target, args.base, s)
+        print(f"would run, in {src}:\n  git checkout -b symfix/export/{xp.name} {start}")
+        for p in xp.patches:
+            fix = s.fix_for(p)
+            print(f"  git am --keep-cr --keep-non-patch {p.path}")
+            print(f"  add the tests to {', '.join(porttests.wanted(fix))}; "
+                  f"git commit --amend (without {', '.join(DROPPED_TRAILERS)})")
+            print(f"  write {Path(args.out) / p.name.removesuffix('.patch')}.md")
+        return 0
+    step = Step("export")
+
+    def exported(patch, commit, tests):
+        print(f"        {commit[:10]} {patch.subject}\n                   + {', '.join(tests)}",
+              flush=True)
+
+    done = export(xp, src, args.base, Path(args.out), say=exported)
+    step.done(f"{src}: branch {done.branch}, {len(done.commits)} commits")
+    for text in done.texts:
+        print(f"        PR text: {rel(text)}")
+    return 0
+
+
+def rebase_status(args) -> int:
+    """`symfix.py status --rebase-onto`: does each patch apply to, or is it in, that torch?"""
+    s = patched.load_series()
+    target = rebase_target(Path(args.rebase_onto).resolve())
+    step = Step("rebase")
+    verdicts = rebase_check(s, target)
+    python, why_not = (None, "--no-tests") if args.no_tests else \
+        rebase_python(target, args.python)
+    outcomes = {}
+    if python:
+        log = ROOT / ".symfix" / "logs" / "rebase.log"
+        outcomes = matrix.run_tests(python, [t for p in s.patches for t in s.fix_for(p).tests],
+                                    log).outcomes
+        if all(v == "missing" for v in outcomes.values()):
+            python, why_not = None, f"none ran with {python}, see {rel(log)}"
+    step.done(f"{target.name}: {len(s.patches)} patches checked"
+              + (f", tests run with {python}" if python
+                 else f"; tests not run ({why_not}): verdicts from applying alone"))
+    for patch in s.patches:
+        fix = s.fix_for(patch)
+        upstream = fix.proof and all(outcomes.get(t) == matrix.PASS for t in fix.tests)
+        verdict = ("already upstream (its tests pass there): drop it" if upstream
+                   else verdicts[patch.name])
+        print(f"  {patch.name:<48} {verdict}")
+    return 0

@@ -230,3 +230,50 @@ def load(root: Path = ROOT, tag: str = DEFAULT_BASE) -> Series:
             raise SeriesError(f"patches/{tag}/series: {name} does not exist")
         series.patches.append(read_patch(pdir / name))
     return series
+
+
+TABLE_BEGIN, TABLE_END = "<!-- series-table: begin -->", "<!-- series-table: end -->"
+
+
+def table(all_series: list[Series]) -> str:
+    """One row per fix of any base; per base, what its series does about it (status, patch)."""
+    tags = [s.base["tag"] for s in all_series]
+    rows = ["| fix | upstream | fixes | component | first release | "
+            + " | ".join(f"{tag} series" for tag in tags) + " | carried by |",
+            "|---" * (6 + len(tags)) + "|"]
+    by_base = [{f.id: f for f in s.fixes} for s in all_series]
+    wheel = {p.name: p.wheel for s in all_series for p in s.patches}
+    ids = list(dict.fromkeys(f.id for s in all_series for f in s.fixes))
+    for fid in ids:
+        f = next(b[fid] for b in by_base if fid in b)
+        prs = ", ".join(f"[#{n}](https://github.com/pytorch/pytorch/pull/{n})" for n in f.upstream)
+        bugs = ", ".join(f"#{b}" if isinstance(b, int) else str(b) for b in f.fixes)
+        cells = []
+        for b in by_base:
+            row = b.get(fid)
+            cells.append("–" if row is None else f"{row.status} {row.patch[:4]}" if row.patch
+                         else row.status)
+        patch = next((b[fid].patch for b in by_base if fid in b and b[fid].patch), None)
+        carried = "–" if not patch else "wheel, source" if wheel[patch] else "source"
+        rows.append(f"| {f.title} | {prs or '–'} | {bugs or '–'} | {f.component} | "
+                    f"{f.released or '–'} | {' | '.join(cells)} | {carried} |")
+    return "\n".join(rows)
+
+
+def write_table(check: bool) -> int:
+    """`symfix.py table`: write the series table of every base into README.md (``check``: only
+    say whether it is current)."""
+    text_table = table([load(tag=tag) for tag in bases()])
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    head, rest = text.split(TABLE_BEGIN, 1)
+    current = rest.split(TABLE_END, 1)[0].strip()
+    if check:
+        if current != text_table:
+            print("README.md's series table is stale: run `python3 tools/symfix.py table`")
+            return 1
+        return 0
+    tail = rest.split(TABLE_END, 1)[1]
+    readme.write_text(f"{head}{TABLE_BEGIN}\n{text_table}\n{TABLE_END}{tail}")
+    print(text_table)
+    return 0

@@ -6,8 +6,10 @@ build isolation, with the build environment spelled out (and overridable from th
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -16,8 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import build, children
-from .errors import BuildFailed
+from . import build, checkout, checks, children, export, git, patched
+from .errors import BuildFailed, Refused
+from .report import rel, Step
 from .series import ROOT, Series
 
 REPO_URL = "https://github.com/pytorch/pytorch"
@@ -82,7 +85,7 @@ def build_wheel(src: Path, series: Series, python: str, out: Path, head: str, sa
     key = build.build_key_of({"source": head, "patches": [[p.name, p.sha256]
                                                           for p in series.patches]})
     ours = build.own_files(series.root)
-    build.write_tree(src, ours)
+    git.write_tree(src, ours)
     prov.write_bytes(build.provenance_module(
         series, {"version": series.base["version"], "source": head}, env["PYTORCH_BUILD_VERSION"],
         key, series.patches))
@@ -108,3 +111,63 @@ def build_wheel(src: Path, series: Series, python: str, out: Path, head: str, sa
 
 def python_default() -> str:
     return shutil.which("python3") or sys.executable
+
+
+def run(args) -> int:
+    """`symfix.py source`: the series as commits on a PyTorch checkout, built, then tested."""
+    s = patched.load_series()
+    src = Path(args.src or args.clone).resolve()
+    export.check_python(Path(args.python))
+    export.check_out_dir(Path(args.out))
+    if args.clone and src.exists() and (not src.is_dir() or any(src.iterdir())):
+        raise Refused(f"--clone {src}: exists and is not an empty directory")
+    if args.clone:
+        cmds = clone_commands(src, s)
+        if args.dry_run:
+            print("would run:\n  " + "\n  ".join(shlex.join(c) for c in cmds))
+            return 0
+        step = Step("clone")
+        for cmd in cmds:
+            if subprocess.run(cmd).returncode:
+                print(f"symfix: `{shlex.join(cmd)}` failed", file=sys.stderr)
+                return 1
+        step.done(f"{src} at {s.base['tag']}")
+    step = Step("src")
+    how = checkout.verify(src, s)
+    head = git.run(src, "rev-parse", "HEAD").stdout.strip()
+    step.done(f"{src}: {how}")
+    branch = args.branch or f"symfix/{s.base['tag']}-{s.label}"
+    env = build_env(s)
+    out = Path(args.out).resolve()
+    build_cmd = wheel_command(args.python, out)
+    if args.dry_run:
+        print("would run, in " + str(src) + ":")
+        print(f"  git checkout -b {branch}")
+        for p in s.patches:
+            print(f"  git am --keep-cr --keep-non-patch {p.path}")
+        print(f"  write {build.PROVENANCE} (provenance record; removed after the build)")
+        print("  " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " \\\n    "
+              + shlex.join(build_cmd))
+        print(f"then: python3 tools/symfix.py test --wheel "
+              f"{out}/torch-{env['PYTORCH_BUILD_VERSION']}-….whl")
+        return 0
+    step = Step("am")
+
+    def applied(patch, commit):
+        print(f"        {commit[:10]} {patch.subject}", flush=True)
+
+    checkout.am(src, s.patches, branch, say=applied)
+    step.done(f"branch {branch}: {len(s.patches)} commits on {head[:8]}")
+    step = Step("build")
+    wheel = build_wheel(src, s, args.python, out, head)
+    prov = build.read_provenance(wheel) or {}
+    if prov.get("VERSION") != env["PYTORCH_BUILD_VERSION"]:
+        print(f"symfix: {wheel.name} lacks the provenance record {build.PROVENANCE}",
+              file=sys.stderr)
+        return 1
+    step.done(f"{rel(wheel)}  sha256 {patched.sha256_short(wheel)}…")
+    if args.no_test:
+        return 0
+    return checks.test(argparse.Namespace(base=None, wheel=None, variant=None, python=args.python,
+                                       patched=str(wheel), upstream=args.upstream,
+                                       matrix_only=False))
