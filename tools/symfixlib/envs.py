@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import rawzip
+
 # envs takes the build's plan (its patched files) and writes it over the base install: seconds,
 # where installing the patched wheel would unpack all of it again.
 from .build import Plan
