@@ -348,7 +348,7 @@ def default_python() -> Path:
 
 
 def run(args) -> int:
-    """`symfix.py audit`."""
+    """`symfix.py audit`: check the arguments, then audit the target with the series."""
     python = Path(args.python) if args.python else default_python()
     if not python.exists():
         raise Refused(f"--python {python}: no such interpreter"
@@ -356,5 +356,4 @@ def run(args) -> int:
     path = args.target.partition(":")[0] if not Path(args.target).is_file() else args.target
     if not Path(path).is_file():
         raise BadTarget(f"{path}: no such file")
-    return audit(load(), args.target, python, Path(args.repro_dir),
-                       tests=not args.no_tests)
+    return audit(load(), args.target, python, Path(args.repro_dir), tests=not args.no_tests)
