@@ -19,15 +19,16 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEPS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+DEPS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["symfix"]["dependencies"]
 # One tools environment per set of dependencies, shared by every clone on the machine (as uv and
 # pre-commit share theirs): a fresh clone starts in seconds.
 TOOLS_ENV = (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "symfix"
              / f"tools-{hashlib.sha256(json.dumps(DEPS).encode()).hexdigest()[:12]}")
 
 
-def _bootstrap() -> None:
-    """Re-run under the tools environment when this Python lacks the tool's dependencies."""
+def _bootstrap(script: str = __file__) -> None:
+    """Re-run ``script`` (this file, or setup.py) under the tools environment when this Python
+    lacks the tool's dependencies."""
     try:
         import packaging  # noqa: F401
         import unidiff  # noqa: F401
@@ -57,7 +58,7 @@ def _bootstrap() -> None:
             os.replace(tmp, TOOLS_ENV)
         except OSError:  # another clone made it first
             subprocess.run(["rm", "-rf", str(tmp)])
-    os.execve(python, [str(python), __file__, *sys.argv[1:]],
+    os.execve(python, [str(python), script, *sys.argv[1:]],
               {**os.environ, "SYMFIX_BOOTSTRAPPED": "1"})
 
 

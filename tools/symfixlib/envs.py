@@ -55,8 +55,8 @@ print(module.__version__)
 
 
 def test_requirements() -> list[str]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return project["dependencies"] + project["optional-dependencies"]["test"]
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["symfix"]
+    return tool["dependencies"] + tool["test"]
 
 
 def python_of(env: Path) -> Path:
