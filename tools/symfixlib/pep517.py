@@ -20,7 +20,9 @@ import tarfile
 from pathlib import Path
 from types import SimpleNamespace
 
-from . import build, patched, series
+from packaging.utils import parse_wheel_filename
+
+from . import build, patched
 from .errors import Refused, SymfixError
 from .series import ROOT
 
@@ -37,9 +39,10 @@ def options(config_settings: dict | None) -> dict[str, str | None]:
     unknown = sorted(set(config_settings or {}) - set(OPTIONS) - {"--build-option"})
     if unknown:
         raise Refused(f"config setting {unknown[0]!r}: symfix knows {', '.join(OPTIONS)}")
-    recorded = ROOT / "symfix-base"  # written into an sdist: the base release it was made for
-    if not got["base"] and not got["wheel"] and recorded.is_file():
-        got["base"] = recorded.read_text().strip()
+    recorded = ROOT / "symfix-base"  # written into an sdist: the base and build it was made for
+    if recorded.is_file() and not got["wheel"]:
+        tag, variant = recorded.read_text().split()
+        got["base"], got["variant"] = got["base"] or tag, got["variant"] or variant
     return got
 
 
@@ -90,12 +93,6 @@ def get_requires_for_build_sdist(config_settings=None) -> list[str]:
     return []
 
 
-def sdist_version(s: series.Series) -> str:
-    """An sdist's version: the release and the series; the build's label (cpu, cu130) is the
-    installing machine's, so its wheel says ``<release>+<label>.symfixN``."""
-    return f"{s.base['version']}+{s.label}"
-
-
 def _sdist_files() -> list[str]:
     listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True)
     if listed.returncode == 0 and listed.stdout:
@@ -106,14 +103,24 @@ def _sdist_files() -> list[str]:
 
 @_one_line
 def build_sdist(sdist_directory, config_settings=None) -> str:
-    """The series, our torch/ files and the tool, as torch-<release>+symfixN.tar.gz: building
-    it makes the patched wheel on the installing machine, for its Python and platform."""
-    s = patched.load_series(_args(options(config_settings)))
-    tag = s.base["tag"]
-    name = f"torch-{sdist_version(s)}"
-    pkg_info = (f"Metadata-Version: 2.2\nName: torch\nVersion: {sdist_version(s)}\n"
-                f"Summary: PyTorch {s.base['version']} with the symfix series ({tag})\n").encode()
-    extra = {"PKG-INFO": pkg_info, "symfix-base": f"{tag}\n".encode()}
+    """The series, our torch/ files and the tool, as torch-<version>.tar.gz: building it makes
+    the patched wheel on the installing machine, for its Python and platform, from the same
+    build of the base release (the variant, as -C variant=, that gave this machine's base wheel;
+    its label is in the version)."""
+    args = _args(options(config_settings))
+    s = patched.load_series(args)
+    base = patched.base_wheel(s, args)
+    version = build.stamped_version(base.version, s.label)
+    # the build it is made for: its version must be the wheel's (uv checks); the variant is the
+    # index whose file names carry the base wheel's label ("" for PyPI's, "cpu", ...)
+    label = parse_wheel_filename(base.path.name)[1].local or ""
+    variant = args.variant or next(
+        (name for name, row in s.base["variants"].items() if row["label"] == label), "pypi")
+    name = f"torch-{version}"
+    pkg_info = (f"Metadata-Version: 2.2\nName: torch\nVersion: {version}\n"
+                f"Summary: PyTorch {s.base['version']} with the symfix series "
+                f"({s.base['tag']})\n").encode()
+    extra = {"PKG-INFO": pkg_info, "symfix-base": f"{s.base['tag']} {variant}\n".encode()}
     out = Path(sdist_directory) / f"{name}.tar.gz"
     with tarfile.open(out, "w:gz", format=tarfile.PAX_FORMAT) as tar:
         for rel in _sdist_files():
