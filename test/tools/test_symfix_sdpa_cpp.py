@@ -8,20 +8,26 @@ torch/include/ATen/native/transformers/sdp_utils_cpp.h, wrapped by the packaging
 TORCH_STABLE_ONLY guard; unwrapped, it is the v2.13.0 source file.
 """
 
+import importlib.util
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import zipfile
 from pathlib import Path
 
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.utils import cpp_extension
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from symfixlib import git  # noqa: E402
 from symfixlib.series import git_blob_id  # noqa: E402
-from test_symfix_source import source_file  # noqa: E402
+from test_symfix_source import PACKAGING_ELSE, PACKAGING_GUARD, source_file  # noqa: E402
 from test_symfix_wheel import real_base_wheel, SERIES  # noqa: E402
 
 FIX = "sdpa-nonzero-seq-guard-or-false-cpp"
@@ -96,6 +102,91 @@ class TestSdpaCppPatch(TestCase):
         # -H lists every header read: the patched one, not the wheel's
         self.assertIn(f". {header}\n", proc.stderr)
         self.assertNotIn(SHIPPED, proc.stderr)
+
+
+EXTENSION = """#include <torch/extension.h>
+#include <ATen/native/transformers/sdp_utils_cpp.h>
+
+bool nonzero_lengths(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  sdp::sdp_params params{q, k, v, std::nullopt, 0.0, false, false};
+  return sdp::check_nonzero_sequence_lengths_dense(params, /*debug=*/false);
+}
+
+PYBIND11_MODULE(symfix_sdpa_check, m) { m.def("nonzero_lengths", &nonzero_lengths); }
+"""
+
+
+def build_header() -> bytes:
+    """The header this torch's build compiled: the installed one, and for a symfix build the
+    header its source build compiles (the installed v2.13.0 one with 0015 applied; the wheel
+    build cannot carry a C++ change, so the patched wheel ships the stock header)."""
+    installed = Path(torch.__file__).parent / "include" / SHIPPED.removeprefix("torch/include/")
+    if importlib.util.find_spec("torch._symfix") is None:
+        return installed.read_bytes()
+    text = installed.read_text()
+    assert text.startswith(PACKAGING_GUARD) and text.endswith(PACKAGING_ELSE)
+    patch = next(p for p in SERIES.patches if SERIES.fix_for(p).id == FIX)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / SOURCE).parent.mkdir(parents=True)
+        (Path(tmp) / SOURCE).write_text(text[len(PACKAGING_GUARD) : -len(PACKAGING_ELSE)])
+        assert git.apply(patch, Path(tmp)) is None
+        return (Path(tmp) / SOURCE).read_bytes()
+
+
+class TestSdpaCppCheckCompiled(TestCase):
+    """The C++ check itself, on traced unbacked lengths: the header of this build compiled into
+    a small extension against this torch's headers and libtorch, called with fake tensors whose
+    query length is an unbacked SymInt (0 allowed). Stock 2.13.0's header guards on it (a
+    data-dependent error); 0015's and 2.15.0's answer false (not known non-zero: the math
+    backend). This is 0015's proof without a source build."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        if shutil.which("g++") is None:
+            raise AssertionError("0015's proof needs a C++ compiler (g++): none on PATH")
+        cls.tmp = Path(tempfile.mkdtemp(prefix="symfix-sdpa-ext-"))
+        overlay = cls.tmp / "overlay"
+        header = overlay / SHIPPED.removeprefix("torch/include/")
+        header.parent.mkdir(parents=True)
+        header.write_bytes(build_header())
+        (cls.tmp / "ext.cpp").write_text(EXTENSION)
+        out = cls.tmp / f"symfix_sdpa_check{sysconfig.get_config_var('EXT_SUFFIX')}"
+        libs = cpp_extension.library_paths()
+        proc = subprocess.run(
+            ["g++", "-std=c++20", "-O0", "-shared", "-fPIC", f"-I{overlay}",
+             *(f"-I{p}" for p in cpp_extension.include_paths()),
+             f"-I{sysconfig.get_paths()['include']}",
+             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+             str(cls.tmp / "ext.cpp"), "-o", str(out), *(f"-L{p}" for p in libs),
+             *(f"-Wl,-rpath,{p}" for p in libs), "-lc10", "-ltorch", "-ltorch_cpu",
+             "-ltorch_python"],
+            capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        spec = importlib.util.spec_from_file_location("symfix_sdpa_check", out)
+        cls.ext = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(cls.ext)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+        super().tearDownClass()
+
+    def test_unbacked_length_answers_false(self):
+        shape_env = ShapeEnv()
+        mode = FakeTensorMode(shape_env=shape_env)
+        with mode:
+            seq_len = shape_env.create_unbacked_symint()
+            torch._check(seq_len >= 0)
+            q = torch.empty(2, 3, seq_len, 8)
+            k = v = torch.empty(2, 3, 6, 8)
+        self.assertFalse(self.ext.nonzero_lengths(q, k, v))
+
+    def test_static_lengths(self):
+        # guard: a real zero length is refused, real non-zero lengths are accepted
+        k = v = torch.randn(2, 3, 6, 8)
+        self.assertTrue(self.ext.nonzero_lengths(torch.randn(2, 3, 4, 8), k, v))
+        self.assertFalse(self.ext.nonzero_lengths(torch.randn(2, 3, 0, 8), k, v))
 
 
 if __name__ == "__main__":

@@ -241,14 +241,10 @@ def table(series: Series, results: dict[str, dict[str, str] | str]) -> tuple[str
     upstream = series.upstream.get("requirement", "").partition("==")[2] or None
     # An in-base fix needs a control where no older base's stock shows its proofs failing.
     oldest = min(Version(b[1:]) for b in bases(series.root))
-    source_only = {p.name for p in series.patches if not p.wheel}
     for fix in series.rows:
         row = [fix.id, fix.status]
         for role in roles:
             got = results[role]
-            if fix.patch in source_only:  # not in a wheel; its tests are under test/tools/
-                row.append("source")
-                continue
             if isinstance(got, str):
                 row.append("skipped")
                 continue
