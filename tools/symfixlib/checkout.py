@@ -101,14 +101,15 @@ def worktree(args) -> int:
         for info in zf.infolist():
             if info.filename.startswith("torch/") and info.filename.endswith(".py"):
                 zf.extract(info, dest)
-    def commit(*cmd):
+
+    def run(*cmd):
         git.run(dest, *git.AUTHOR, *cmd)
 
-    commit("init", "-q")
-    commit("add", "-A")
-    commit("commit", "-q", "-m", f"PyTorch {s.base['tag']} Python files (from {base.path.name})",
+    run("init", "-q")
+    run("add", "-A")
+    run("commit", "-q", "-m", f"PyTorch {s.base['tag']} Python files (from {base.path.name})",
         "-m", f"git_version {s.base['commit']}")
-    commit("tag", s.base["tag"])
-    commit("am", "-q", "--keep-cr", "--keep-non-patch", *[str(p.path) for p in s.wheel_patches])
+    run("tag", s.base["tag"])
+    run("am", "-q", "--keep-cr", "--keep-non-patch", *[str(p.path) for p in s.wheel_patches])
     step.done(f"{dest}: {s.base['tag']} + {len(s.wheel_patches)} commits")
     return 0

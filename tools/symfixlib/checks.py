@@ -35,7 +35,7 @@ def test(args) -> int:
     try:
         pythons: dict[str, Path | str] = {
             "stock": patched.install("stock", str(base.path), base.sha256, python=args.python,
-                             need_gb=need, bytecode=True, extra=s.triton),
+                                     need_gb=need, bytecode=True, extra=s.triton),
             "patched": patched.install(
                 "tested" if args.patched else "patched", str(out), out_sha,
                 None if args.patched else patched.VENV, args.python, need, bytecode=True,
@@ -52,7 +52,7 @@ def test(args) -> int:
         req = s.upstream["requirement"]
         try:
             pythons["upstream"] = patched.install("upstream", req, req, python=args.python,
-                                          bytecode=True)
+                                                  bytecode=True)
         except NoRoom as e:
             pythons["upstream"] = str(e)
             print(f"\n!!! SKIPPED the upstream column ({req}): {e} !!!\n", flush=True)

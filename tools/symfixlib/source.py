@@ -169,5 +169,5 @@ def run(args) -> int:
     if args.no_test:
         return 0
     return checks.test(argparse.Namespace(base=None, wheel=None, variant=None, python=args.python,
-                                       patched=str(wheel), upstream=args.upstream,
-                                       matrix_only=False))
+                                          patched=str(wheel), upstream=args.upstream,
+                                          matrix_only=False, skip_if_no_room=False))
