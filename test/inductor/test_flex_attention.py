@@ -591,6 +591,31 @@ class TestFlexAttentionCompiledCausalBlockMask(TestCase):
         self.assertEqual(list(get_fill_order([32, 8, 8, 1])), [3, 2, 1, 0])
         self.assertEqual(list(get_fill_order([16, 8, 128, 1])), [3, 1, 0, 2])
 
+    def test_inference_modes_inductor(self):
+        # the C++ lowering is inference-only: one compile under each of no_grad
+        # and inference_mode serves every length, values and requires_grad as
+        # eager's (bf16 autocast is not listed: flex_attention has no autocast rule;
+        # an input that requires grad is refused at compile time even under
+        # no_grad, "FlexAttention does not support backward on CPU", stock too)
+        for mode in (torch.no_grad, torch.inference_mode):
+            with self.subTest(mode=mode.__name__):
+                torch._dynamo.reset()
+                counter = CompileCounterWithBackend("inductor")
+                compiled = torch.compile(
+                    self._step_from_input_length, backend=counter, fullgraph=True
+                )
+                for seq in self.LENGTHS:
+                    x = torch.randn(1, seq, 2, 16)
+                    x_unbacked = x.clone()
+                    mark_unbacked(x_unbacked, 1)
+                    with mode():
+                        got = compiled(x_unbacked)
+                        ref = self._step_from_input_length(x)
+                    self.assertEqual(got.requires_grad, ref.requires_grad)
+                    self.assertEqual(got.dtype, ref.dtype)
+                    self.assertEqual(got, ref)
+                self.assertEqual(counter.frame_count, 1)
+
     def test_static_lengths_inductor(self):
         x = torch.randn(1, 200, 2, 16)
         compiled = torch.compile(self._step_from_input_length, backend="inductor", dynamic=False)
