@@ -63,7 +63,28 @@ def _leaf_dtensor(local, mesh, placements, shape=None, stride=None):
     )
 
 
-class TestDTensorToLocalBackwardSymbolic(TestCase):
+class _FakeWorldTestCase(TestCase):
+    """The fake process group with ``world_size`` ranks and a CPU mesh of ``mesh_shape``
+    (default: one dim of every rank); Dynamo reset before and after each test."""
+
+    world_size = 2
+    mesh_shape: tuple[int, ...] | None = None
+
+    def setUp(self):
+        super().setUp()
+        torch._dynamo.reset()
+        dist.init_process_group(
+            "fake", store=FakeStore(), rank=0, world_size=self.world_size
+        )
+        self.mesh = init_device_mesh("cpu", self.mesh_shape or (self.world_size,))
+
+    def tearDown(self):
+        dist.destroy_process_group()
+        torch._dynamo.reset()
+        super().tearDown()
+
+
+class TestDTensorToLocalBackwardSymbolic(_FakeWorldTestCase):
     """
     to_local() backward keeps the forward DTensor layout when the gradient
     only spells the local layout differently, e.g. a stride (Max(1, u3), 1)
@@ -73,19 +94,6 @@ class TestDTensorToLocalBackwardSymbolic(TestCase):
     """
 
     world_size = 4
-
-    def setUp(self):
-        super().setUp()
-        torch._dynamo.reset()
-        dist.init_process_group(
-            "fake", store=FakeStore(), rank=0, world_size=self.world_size
-        )
-        self.mesh = init_device_mesh("cpu", (self.world_size,))
-
-    def tearDown(self):
-        dist.destroy_process_group()
-        torch._dynamo.reset()
-        super().tearDown()
 
     def _check_grad_matches(self, compiled, eager):
         self.assertIsInstance(compiled, DTensor)
@@ -291,7 +299,7 @@ class TestDTensorToLocalBackwardSymbolic(TestCase):
 _SEQ_SHARDS_4 = ((8, 30), (8, 32), (6, 22), (5, 20))
 
 
-class TestDTensorToLocalBackwardUnevenShard(TestCase):
+class TestDTensorToLocalBackwardUnevenShard(_FakeWorldTestCase):
     """
     to_local() backward of a Shard(1) DTensor over an unbacked sequence whose
     global length need not be a multiple of the mesh size (global 30 on 4
@@ -303,19 +311,6 @@ class TestDTensorToLocalBackwardUnevenShard(TestCase):
     """
 
     world_size = 4
-
-    def setUp(self):
-        super().setUp()
-        torch._dynamo.reset()
-        dist.init_process_group(
-            "fake", store=FakeStore(), rank=0, world_size=self.world_size
-        )
-        self.mesh = init_device_mesh("cpu", (self.world_size,))
-
-    def tearDown(self):
-        dist.destroy_process_group()
-        torch._dynamo.reset()
-        super().tearDown()
 
     def _seq_sharded(self, local, global_len):
         rows = local.shape[0]
@@ -430,7 +425,7 @@ class TestDTensorToLocalBackwardUnevenShard(TestCase):
             self.assertEqual(stride, [4 * local_len, 1])
 
 
-class TestDTensorFromLocalUnbacked(TestCase):
+class TestDTensorFromLocalUnbacked(_FakeWorldTestCase):
     """
     DTensor.from_local() of a local tensor with unbacked sizes, without
     shape= and stride=: the global layout is derived from the local one
@@ -441,19 +436,6 @@ class TestDTensorFromLocalUnbacked(TestCase):
     """
 
     world_size = 4
-
-    def setUp(self):
-        super().setUp()
-        torch._dynamo.reset()
-        dist.init_process_group(
-            "fake", store=FakeStore(), rank=0, world_size=self.world_size
-        )
-        self.mesh = init_device_mesh("cpu", (self.world_size,))
-
-    def tearDown(self):
-        dist.destroy_process_group()
-        torch._dynamo.reset()
-        super().tearDown()
 
     def _step(self, placements):
         mesh = self.mesh
@@ -555,7 +537,7 @@ class TestDTensorFromLocalUnbacked(TestCase):
             self.assertEqual(gm(local), train_step(local))
 
 
-class TestDTensorFromLocalUnbackedMatchesEager(TestCase):
+class TestDTensorFromLocalUnbackedMatchesEager(_FakeWorldTestCase):
     """DTensor.from_local() over local tensors whose every dim is unbacked,
     on a 2 x 2 mesh, traced once: the global shape, stride and contiguity
     are eager's at every size, a local size of 1 included (symfix 0017 gave
@@ -571,17 +553,7 @@ class TestDTensorFromLocalUnbackedMatchesEager(TestCase):
     ]
     # a size of 1 in each dim, two of them, uneven sizes, large ones
     SIZES = [(3, 4, 5), (5, 1, 3), (4, 3, 1), (1, 1, 1), (1, 6, 1), (7, 2, 9), (2, 13, 3)]
-
-    def setUp(self):
-        super().setUp()
-        torch._dynamo.reset()
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
-        self.mesh = init_device_mesh("cpu", (2, 2))
-
-    def tearDown(self):
-        dist.destroy_process_group()
-        torch._dynamo.reset()
-        super().tearDown()
+    world_size, mesh_shape = 4, (2, 2)
 
     def _layout(self, dt):
         return tuple(dt.shape), tuple(dt.stride()), dt.is_contiguous(), dt.placements
@@ -674,7 +646,7 @@ def _flatten_tokens(x):
     return (x * 2).flatten(0, 1)
 
 
-class TestDTensorStridedShardCompiledBoundary(TestCase):
+class TestDTensorStridedShardCompiledBoundary(_FakeWorldTestCase):
     """
     A DTensor whose placement is a _StridedShard made by view propagation
     (flattening a sequence-sharded [B, S, D] tensor) crossing the boundary of
@@ -687,19 +659,6 @@ class TestDTensorStridedShardCompiledBoundary(TestCase):
     """
 
     world_size = 2
-
-    def setUp(self):
-        super().setUp()
-        torch._dynamo.reset()
-        dist.init_process_group(
-            "fake", store=FakeStore(), rank=0, world_size=self.world_size
-        )
-        self.mesh = init_device_mesh("cpu", (self.world_size,))
-
-    def tearDown(self):
-        dist.destroy_process_group()
-        torch._dynamo.reset()
-        super().tearDown()
 
     def _seq_sharded(self, requires_grad=False):
         local = torch.randn(3, 4, 5)
@@ -769,7 +728,7 @@ class TestDTensorStridedShardCompiledBoundary(TestCase):
                 self.assertEqual(back._spec.shard_order, spec.shard_order)
 
 
-class TestDTensorViewInputUnbacked(TestCase):
+class TestDTensorViewInputUnbacked(_FakeWorldTestCase):
     """A DTensor that is a view of another (an activation unsqueezed, sliced,
     or flattened to tokens, which gives _StridedShard) as a compiled graph's
     input with its dims marked unbacked. Fake-ification replayed the view on
@@ -795,19 +754,6 @@ class TestDTensorViewInputUnbacked(TestCase):
     # (B, S): the flattened view's placement _StridedShard(0, sf=B) is part of
     # the input's static metadata, so B stays 3 (another B is another graph)
     SIZES = [(3, 4), (3, 7), (3, 2), (3, 9)]
-
-    def setUp(self):
-        super().setUp()
-        torch._dynamo.reset()
-        dist.init_process_group(
-            "fake", store=FakeStore(), rank=0, world_size=self.world_size
-        )
-        self.mesh = init_device_mesh("cpu", (self.world_size,))
-
-    def tearDown(self):
-        dist.destroy_process_group()
-        torch._dynamo.reset()
-        super().tearDown()
 
     def _activation(self, batch, seq, requires_grad=False):
         leaf = torch.randn(batch, seq, 5, requires_grad=requires_grad)
