@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from symfixlib import git  # noqa: E402
 from symfixlib.series import git_blob_id  # noqa: E402
-from test_symfix_source import PACKAGING_ELSE, PACKAGING_GUARD, source_file  # noqa: E402
+from test_symfix_source import source_file, unwrap_header  # noqa: E402
 from test_symfix_wheel import real_base_wheel, SERIES  # noqa: E402
 
 FIX = "sdpa-nonzero-seq-guard-or-false-cpp"
@@ -123,12 +123,11 @@ def build_header() -> bytes:
     installed = Path(torch.__file__).parent / "include" / SHIPPED.removeprefix("torch/include/")
     if importlib.util.find_spec("torch._symfix") is None:
         return installed.read_bytes()
-    text = installed.read_text()
-    assert text.startswith(PACKAGING_GUARD) and text.endswith(PACKAGING_ELSE)
+    text = unwrap_header(installed.read_text(), SOURCE)
     patch = next(p for p in SERIES.patches if SERIES.fix_for(p).id == FIX)
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / SOURCE).parent.mkdir(parents=True)
-        (Path(tmp) / SOURCE).write_text(text[len(PACKAGING_GUARD) : -len(PACKAGING_ELSE)])
+        (Path(tmp) / SOURCE).write_text(text)
         assert git.apply(patch, Path(tmp)) is None
         return (Path(tmp) / SOURCE).read_bytes()
 

@@ -71,9 +71,14 @@ def source_file(zf: zipfile.ZipFile, path: str) -> bytes:
     from torch/include/ without the TORCH_STABLE_ONLY guard the packaging wraps it in."""
     if path.startswith("torch/"):
         return zf.read(path)
-    text = zf.read("torch/include/" + path.removeprefix("aten/src/")).decode()
+    return unwrap_header(zf.read("torch/include/" + path.removeprefix("aten/src/")).decode(),
+                         path).encode()
+
+
+def unwrap_header(text: str, path: str) -> str:
+    """An installed ATen header without the TORCH_STABLE_ONLY guard the packaging wraps it in."""
     assert text.startswith(PACKAGING_GUARD) and text.endswith(PACKAGING_ELSE), path
-    return text[len(PACKAGING_GUARD) : -len(PACKAGING_ELSE)].encode()
+    return text[len(PACKAGING_GUARD) : -len(PACKAGING_ELSE)]
 
 
 def make_checkout(dest: Path, change=None) -> Path:

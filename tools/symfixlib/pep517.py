@@ -85,14 +85,6 @@ def version(config_settings=None) -> str:
     return build.stamped_version(patched.base_wheel(s, args).version, s.label)
 
 
-def get_requires_for_build_wheel(config_settings=None) -> list[str]:
-    return []
-
-
-def get_requires_for_build_sdist(config_settings=None) -> list[str]:
-    return []
-
-
 def _sdist_files() -> list[str]:
     listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True)
     if listed.returncode == 0 and listed.stdout:
