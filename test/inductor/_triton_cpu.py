@@ -31,7 +31,7 @@ import os
 import textwrap
 
 # written against these: the libdevice names, the interpreter's TensorHandle, the flex lowering
-SUPPORTED = {"torch": ("2.13.", "2.15."), "triton": ("3.7.", "3.9.")}
+SUPPORTED = {"torch": ("2.13.", "2.14.", "2.15."), "triton": ("3.7.", "3.8.", "3.9.")}
 
 
 class TritonPathUnavailable(RuntimeError):
