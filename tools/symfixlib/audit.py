@@ -25,7 +25,7 @@ from pathlib import Path
 
 from . import git, matrix
 from .errors import BadTarget, Refused
-from .series import Fix, git_blob_id, load, Patch, ROOT, Series
+from .series import base_for, Fix, git_blob_id, load, Patch, ROOT, Series
 
 ENGINE = ROOT / "torch" / "_symfix" / "audit.py"
 ORACLE = ROOT / ".symfix" / "upstream" / "bin" / "python"  # the series' oracle: `test --upstream`
@@ -356,4 +356,7 @@ def run(args) -> int:
     path = args.target.partition(":")[0] if not Path(args.target).is_file() else args.target
     if not Path(path).is_file():
         raise BadTarget(f"{path}: no such file")
-    return audit(load(), args.target, python, Path(args.repro_dir), tests=not args.no_tests)
+    # the series of the audited torch's release (its overlays patch that release's files)
+    tag, _ = base_for(probe(python)["version"])
+    return audit(load(tag=tag), args.target, python, Path(args.repro_dir),
+                 tests=not args.no_tests)

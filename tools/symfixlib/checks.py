@@ -97,13 +97,12 @@ def status(args) -> int:
     version, patches = probe.stdout.split()
     print(f"torch {version} at {python}" + (f" (symfix build, {patches} patches)"
                                              if int(patches) else ""))
-    tag = f"v{Version(version).public}"
-    if tag in series.bases():
+    tag, own = series.base_for(version)
+    if own:
         print(f"series  patches/{tag}: `python3 tools/symfix.py wheel --base {tag[1:]}` builds it")
     else:  # no series of its own: judge it by the fixes of the newest base
         print(f"series  none for torch {Version(version).public} (bases: "
-              f"{', '.join(b[1:] for b in series.bases())}); the fixes of the newest base:")
-        tag = max(series.bases(), key=lambda b: Version(b[1:]))
+              f"{', '.join(b[1:] for b in series.bases())}); the fixes of {tag[1:]}:")
     s = series.load(tag=tag)
     log = ROOT / ".symfix" / "logs" / "status.log"
     outcomes = matrix.run_tests(python, matrix.all_test_ids(s), log).outcomes

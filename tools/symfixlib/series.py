@@ -11,6 +11,7 @@ from email.parser import BytesHeaderParser
 from pathlib import Path
 
 import unidiff
+from packaging.version import Version
 
 from .errors import SeriesError
 
@@ -179,15 +180,38 @@ def bases(root: Path = ROOT) -> list[str]:
     return sorted(d.name for d in (root / "patches").iterdir() if (d / "manifest.toml").is_file())
 
 
+def base_for(version: str, root: Path = ROOT) -> tuple[str, bool]:
+    """The series for a torch ``version`` ("2.14.1+cu130"): its own base's, else the newest
+    base's; and whether it is its own."""
+    tag, carried = f"v{Version(version).public}", bases(root)
+    if tag in carried:
+        return tag, True
+    return max(carried, key=lambda b: Version(b[1:])), False
+
+
+def _read_manifest(pdir: Path) -> dict:
+    try:
+        return tomllib.loads((pdir / "manifest.toml").read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise SeriesError(f"patches/{pdir.name}/manifest.toml: {e}") from None
+
+
 def load(root: Path = ROOT, tag: str = DEFAULT_BASE) -> Series:
     pdir = root / "patches" / tag
     if not (pdir / "manifest.toml").is_file():
         raise SeriesError(f"no series for base {tag} (patches/{tag}/manifest.toml); "
                           f"carried: {', '.join(bases(root))}")
-    try:
-        manifest = tomllib.loads((pdir / "manifest.toml").read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise SeriesError(f"patches/{tag}/manifest.toml: {e}") from None
+    manifest = _read_manifest(pdir)
+    if shared := manifest["base"].get("series-of"):
+        # Another release's fixes and mails serve this one (2.14.0 takes 2.14.1's): the base
+        # wheel's files are checked against the mails' pre-images as for any base, so a file
+        # that differs refuses the wheel rather than being patched.
+        pdir = root / "patches" / shared
+        if not (pdir / "manifest.toml").is_file() or _read_manifest(pdir)["base"].get("series-of"):
+            raise SeriesError(f"patches/{tag}/manifest.toml: series-of {shared!r} is not a base "
+                              "with a series of its own")
+        manifest = {**_read_manifest(pdir), "base": manifest["base"],
+                    "upstream": manifest.get("upstream", {})}
     fixes = []
     for row in manifest["fix"]:
         row = {k: tuple(v) if isinstance(v, list) else v for k, v in row.items()}
@@ -221,13 +245,14 @@ def load(root: Path = ROOT, tag: str = DEFAULT_BASE) -> Series:
             raise SeriesError(f"manifest: {f.id}: triton lists tests that are not its proofs "
                               f"or guards: {sorted(stray)}")
         if f.patch and f.patch not in names:
-            raise SeriesError(f"manifest: {f.id}: {f.patch} is not in patches/{tag}/series")
+            raise SeriesError(f"manifest: {f.id}: {f.patch} is not in patches/{pdir.name}/series")
     carried = {f.patch for f in fixes if f.patch}
     for name in names:
         if name not in carried:
-            raise SeriesError(f"patches/{tag}/series: {name} belongs to no fix of the manifest")
+            raise SeriesError(f"patches/{pdir.name}/series: {name} belongs to no fix of the "
+                              "manifest")
         if not (pdir / name).is_file():
-            raise SeriesError(f"patches/{tag}/series: {name} does not exist")
+            raise SeriesError(f"patches/{pdir.name}/series: {name} does not exist")
         series.patches.append(read_patch(pdir / name))
     return series
 
