@@ -151,8 +151,8 @@ class TestBuildsAsTorch(TestCase):
         line = text.index("\n ", text.index("\n@@ ")) + 2
         patch.write_text(text[:line] + "#" + text[line:])
         for settings, clone, line in [
-            (["-C", "base=2.14.1"], self.clone,
-             "symfix: refusing torch 2.14.1 is not a base symfix carries a series for"),
+            (["-C", "base=2.16.0"], self.clone,
+             "symfix: refusing torch 2.16.0 is not a base symfix carries a series for"),
             (["-C", "wheel=/nonexistent/torch-2.13.0-cp311-cp311-linux_x86_64.whl"], self.clone,
              "symfix: refusing base wheel /nonexistent/torch-2.13.0-cp311-cp311-linux_x86_64.whl: "
              "no such file"),

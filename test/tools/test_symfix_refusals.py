@@ -37,12 +37,12 @@ class TestRefusals(TestCase):
         cls.plain = cls.tmp / "plain"  # neither a git checkout nor a torch tree
         cls.plain.mkdir()
         (cls.plain / "x").write_text("x\n")
-        cls.corrupt = cls.tmp / "torch-2.14.1-py3-none-any.whl"
+        cls.corrupt = cls.tmp / "torch-2.16.0-py3-none-any.whl"
         cls.corrupt.write_bytes(b"PK\x03\x04 truncated")
         cls.other = cls.tmp / "numpy-2.0.0-py3-none-any.whl"
         with zipfile.ZipFile(cls.other, "w") as zf:
             zf.writestr("numpy/__init__.py", "")
-        cls.no_torch = cls.tmp / "sub" / "torch-2.14.1-py3-none-any.whl"
+        cls.no_torch = cls.tmp / "sub" / "torch-2.16.0-py3-none-any.whl"
         cls.no_torch.parent.mkdir()
         with zipfile.ZipFile(cls.no_torch, "w") as zf:
             zf.writestr("other/__init__.py", "")
@@ -121,7 +121,7 @@ class TestRefusals(TestCase):
         self.assertRefused("exists and is not a directory", "worktree", str(self.file))
         self.assertRefused("nonexistent.whl: no such file", "worktree", str(self.tmp / "new"),
                            "--wheel", "/nonexistent.whl")
-        self.assertRefused("torch 2.14.1 is not a base symfix carries a series for", "worktree",
+        self.assertRefused("torch 2.16.0 is not a base symfix carries a series for", "worktree",
                            str(self.tmp / "new"), "--wheel", str(self.corrupt))
         self.assertFalse((self.tmp / "new").exists())
 
@@ -172,14 +172,14 @@ class TestRebaseWithoutEnvironment(TestCase):
         self.assertEqual(proc.stdout.count(" applies\n"), len(SERIES.wheel_patches))
 
     def test_wheel_finds_an_environment_that_has_it(self):
-        wheel = self.tmp / "torch-2.14.1-py3-none-any.whl"
+        wheel = self.tmp / "torch-2.16.0-py3-none-any.whl"
         with zipfile.ZipFile(wheel, "w") as zf:
             zf.writestr("torch/__init__.py", "")
         env = self.tmp / "envs" / "upstream-123"
         (env / "bin").mkdir(parents=True)
         (env / "bin" / "python").write_text("")
-        (env / envs.MARKER).write_text(json.dumps({"key": "torch==2.14.1",
-                                                   "torch_version": "2.14.1"}))
+        (env / envs.MARKER).write_text(json.dumps({"key": "torch==2.16.0",
+                                                   "torch_version": "2.16.0"}))
         with mock.patch.object(envs, "ENVS", self.tmp / "envs"):
             self.assertEqual(export.rebase_python(wheel, None), (env / "bin" / "python", ""))
             # none that has it, and none can be made: say why, run no tests

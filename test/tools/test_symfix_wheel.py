@@ -130,10 +130,10 @@ class TestBaseVerification(TestCase):
         self.assertEqual(base.version, "2.13.0+cpu")
 
     def test_refuses_other_release(self):
-        files = mini_files("torch-2.14.1.dist-info")
-        files["torch/version.py"] = files["torch/version.py"].replace(b"2.13.0+cpu", b"2.14.1")
-        wheel = make_wheel(self.tmp / "torch-2.14.1-cp311-cp311-linux_x86_64.whl", files)
-        self.assertRefused(wheel, "torch 2.14.1 is not a base symfix carries a series for")
+        files = mini_files("torch-2.16.0.dist-info")
+        files["torch/version.py"] = files["torch/version.py"].replace(b"2.13.0+cpu", b"2.16.0")
+        wheel = make_wheel(self.tmp / "torch-2.16.0-cp311-cp311-linux_x86_64.whl", files)
+        self.assertRefused(wheel, "torch 2.16.0 is not a base symfix carries a series for")
 
     def test_refuses_truncated_wheel(self):
         (self.tmp / "good").mkdir()
@@ -231,6 +231,67 @@ class TestBaseVerification(TestCase):
         proc = symfix("wheel", "--variant", "cu999", "--no-venv", "--dist", str(self.dist))
         self.assertEqual(proc.returncode, 2, proc.stderr)
         self.assertRegex(proc.stderr.strip(), r"^symfix: refusing --variant cu999: not one of pypi")
+
+
+class TestSharedSeries(TestCase):
+    """A base that names another release's series (`series-of`): 2.14.0 takes 2.14.1's."""
+
+    def test_v2_14_0_takes_v2_14_1_series_with_its_own_base(self):
+        shared, own = series.load(tag="v2.14.0"), series.load(tag="v2.14.1")
+        self.assertEqual([p.path for p in shared.patches], [p.path for p in own.patches])
+        self.assertEqual(shared.fixes, own.fixes)
+        self.assertEqual(shared.acceptance, own.acceptance)
+        self.assertEqual((shared.base["version"], own.base["version"]), ("2.14.0", "2.14.1"))
+        self.assertNotEqual(shared.base["commit"], own.base["commit"])
+        self.assertTrue(set(shared.base["known-wheels"]).isdisjoint(own.base["known-wheels"]))
+
+    def make_bases(self, tmp: Path, shared_manifest: str) -> None:
+        """patches/v9.0.1 with one mail changing torch/a.py, and patches/v9.0.0 naming it."""
+        repo = tmp / "repo"
+        (repo / "torch").mkdir(parents=True)
+        (repo / "torch" / "a.py").write_text("x = 1\n")
+        git_ = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+        subprocess.run([*git_, "init", "-q"], check=True)
+        subprocess.run([*git_, "add", "-A"], check=True)
+        subprocess.run([*git_, "commit", "-qm", "base"], check=True)
+        (repo / "torch" / "a.py").write_text("x = 2\n")
+        subprocess.run([*git_, "commit", "-qam", "[t] the fix"], check=True)
+        mail = subprocess.run([*git_, "format-patch", "-1", "--stdout", "--full-index"],
+                              capture_output=True, text=True, check=True).stdout
+        for tag, commit in (("v9.0.1", "c1"), ("v9.0.0", "c0")):
+            (tmp / "patches" / tag).mkdir(parents=True)
+            base = (f'[base]\nversion = "{tag[1:]}"\ntag = "{tag}"\ncommit = "{commit}"\n'
+                    'label = "symfix"\n')
+            rows = ('[[fix]]\nid = "the-fix"\ntitle = "t"\nupstream = []\nfixes = []\n'
+                    'component = "c"\nstatus = "original"\npatch = "0001-fix.patch"\n')
+            (tmp / "patches" / tag / "manifest.toml").write_text(
+                base + (shared_manifest if tag == "v9.0.0" else rows))
+        (tmp / "patches" / "v9.0.1" / "0001-fix.patch").write_text(mail)
+        (tmp / "patches" / "v9.0.1" / "series").write_text("0001-fix.patch\n")
+
+    def mini_wheel(self, tmp: Path, a_py: bytes) -> Path:
+        return make_wheel(tmp / "torch-9.0.0-py3-none-any.whl", {
+            "torch/version.py": b"__version__ = '9.0.0'\ngit_version = 'c0'\n",
+            "torch/a.py": a_py,
+            "torch-9.0.0.dist-info/METADATA": b"Name: torch\nVersion: 9.0.0\n",
+            "torch-9.0.0.dist-info/WHEEL": b"Wheel-Version: 1.0\n"})
+
+    def test_files_are_checked_not_assumed(self):
+        tmp = Path(tempfile.mkdtemp(prefix="symfix-test-"))
+        self.addCleanup(shutil.rmtree, tmp)
+        self.make_bases(tmp, 'series-of = "v9.0.1"\n')
+        s = series.load(tmp, "v9.0.0")
+        self.assertEqual([p.name for p in s.patches], ["0001-fix.patch"])
+        self.assertEqual(basewheel.verify(self.mini_wheel(tmp, b"x = 1\n"), s).version, "9.0.0")
+        with self.assertRaisesRegex(errors.Refused, "torch/a.py is not the v9.0.0 file"):
+            basewheel.verify(self.mini_wheel(tmp, b"x = 1  # 9.0.0's own\n"), s)
+
+    def test_series_of_a_base_without_its_own_is_refused(self):
+        tmp = Path(tempfile.mkdtemp(prefix="symfix-test-"))
+        self.addCleanup(shutil.rmtree, tmp)
+        self.make_bases(tmp, 'series-of = "v9.0.0"\n')
+        with self.assertRaisesRegex(errors.SeriesError, "series-of 'v9.0.0' is not a base"):
+            series.load(tmp, "v9.0.0")
 
 
 class TestBuild(TestCase):

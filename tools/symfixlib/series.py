@@ -285,20 +285,45 @@ def table(all_series: list[Series]) -> str:
     return "\n".join(rows)
 
 
+BASES_BEGIN, BASES_END = "<!-- bases-table: begin -->", "<!-- bases-table: end -->"
+
+
+def bases_table(all_series: list[Series]) -> str:
+    """One row per base release: its series, how many mails, and what they carry."""
+    rows = ["| base | series | mails (wheel) | in base | upstream fixes carried | "
+            "our fixes carried |", "|---|---|---|---|---|---|"]
+
+    def numbers(s: Series, status: str) -> str:
+        return " ".join(sorted(f.patch[:4] for f in s.fixes if f.status == status)) or "–"
+
+    for s in all_series:
+        shared = s.patches[0].path.parent.name if s.patches else s.base["tag"]
+        where = f"`patches/{shared}/`" + ("" if shared == s.base["tag"] else " (same mails)")
+        rows.append(f"| {s.base['version']} | {where} | {len(s.patches)} ({len(s.wheel_patches)})"
+                    f" | {sum(f.status == 'in-base' for f in s.fixes)} | {numbers(s, 'patch')} | "
+                    f"{numbers(s, 'original')} |")
+    return "\n".join(rows)
+
+
+def _replace(text: str, begin: str, end: str, new: str) -> str:
+    head, rest = text.split(begin, 1)
+    return f"{head}{begin}\n{new}\n{end}{rest.split(end, 1)[1]}"
+
+
 def write_table(check: bool) -> int:
-    """`symfix.py table`: write the series table of every base into README.md (``check``: only
-    say whether it is current)."""
-    text_table = table([load(tag=tag) for tag in bases()])
+    """`symfix.py table`: write the bases table and the series table of every base into
+    README.md (``check``: only say whether they are current)."""
+    all_series = [load(tag=tag) for tag in bases()]
     readme = ROOT / "README.md"
     text = readme.read_text()
-    head, rest = text.split(TABLE_BEGIN, 1)
-    current = rest.split(TABLE_END, 1)[0].strip()
+    new = _replace(_replace(text, BASES_BEGIN, BASES_END, bases_table(all_series)),
+                   TABLE_BEGIN, TABLE_END, table([s for s in all_series
+                                                  if not s.base.get("series-of")]))
     if check:
-        if current != text_table:
-            print("README.md's series table is stale: run `python3 tools/symfix.py table`")
+        if new != text:
+            print("README.md's tables are stale: run `python3 tools/symfix.py table`")
             return 1
         return 0
-    tail = rest.split(TABLE_END, 1)[1]
-    readme.write_text(f"{head}{TABLE_BEGIN}\n{text_table}\n{TABLE_END}{tail}")
-    print(text_table)
+    readme.write_text(new)
+    print(bases_table(all_series))
     return 0
