@@ -17,7 +17,7 @@ from torch.testing._internal.common_utils import run_tests, TestCase
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from symfixlib import basewheel, envs  # noqa: E402
+from symfixlib import basewheel, envs, series  # noqa: E402
 
 STEPS = "test/tools/audit_targets/steps.py"
 PATCHED = ROOT / ".venv" / "bin" / "python"
@@ -32,6 +32,15 @@ def stock_python() -> Path:
         wheel = real_base_wheel()
         envs.ensure("stock", str(wheel), basewheel.sha256_file(wheel), bytecode=True)
     return envs.python_of(link)
+
+
+def stock_python_of(tag: str) -> Path:
+    """Stock torch of another base (its PyPI build, as `wheel --base` fetches it)."""
+    s = series.load(tag=tag)
+    wheel = basewheel.fetch(s, ROOT / ".symfix" / "cache" / "base")
+    return envs.python_of(envs.ensure(f"audit-{tag}", str(wheel), s.base["known-wheels"].get(
+        wheel.name) or basewheel.sha256_file(wheel), link=ROOT / ".symfix" / f"audit-{tag}",
+        bytecode=True))
 
 
 def symfix(*args, timeout=1500):
@@ -69,6 +78,23 @@ class TestAuditOnStock(TestCase):
         for block in out.split("\n[")[1:]:
             self.assertRegex(block, r"layer   \S")
             self.assertRegex(block, r"remedy  (symfix fix|fixed in torch|no known fix)")
+
+
+class TestAuditOnOtherBase(TestCase):
+    """Stock 2.14.1: the audit takes the series of the audited release. 2.14.1 has the
+    upstream fixes the step needs on 2.13.0; two fixes of ours remain, found on overlays of
+    2.14.1's own files."""
+
+    def test_flex_training_step_on_2_14_1(self):
+        proc = symfix("audit", "--no-tests", "--python", str(stock_python_of("v2.14.1")),
+                      "--repro-dir", str(ROOT / ".symfix" / "audit-test"),
+                      f"{STEPS}:flex_step_target")
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+        self.assertIn("(torch 2.14.1", proc.stdout)
+        self.assertEqual(fixes_needed(proc.stdout),
+                         ["fake-constant-pad-nd-symbolic", "flex-dense-block-mask-scatter"],
+                         proc.stdout)
+        self.assertIn("with them it traces clean", proc.stdout)
 
 
 class TestAuditOnPatched(TestCase):
