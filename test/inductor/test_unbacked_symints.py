@@ -574,5 +574,86 @@ class TestInductorDiagonalUnbacked(TestCase):
         self._replay(compiled, eager, [(rows, cols)])
 
 
+class TestNormUnbackedBatch(TestCase):
+    """F.group_norm with an unbacked batch (issue 28 item 5): the Python check that more than
+    one value per group exists guarded Eq(15*u0, 1); in a graph it is a runtime assertion."""
+
+    MODES = {
+        "grad": (contextlib.nullcontext, True),
+        "autocast_bf16": (lambda: torch.autocast("cpu", dtype=torch.bfloat16), False),
+        "no_grad": (torch.no_grad, True),
+        "inference_mode": (torch.inference_mode, True),
+    }
+
+    @staticmethod
+    def step(x, w, b):
+        # the matmul makes autocast cast: group_norm then sees bf16 input, as in a model
+        return F.group_norm((x @ w.new_ones(5, 5)) * 0.5, 5, w, b)
+
+    def test_modes_match_eager(self):
+        # one compile per mode, replayed at 3, 1, 2 and 17: values, dtype, requires_grad,
+        # gradients (grad mode) as eager's
+        for name, (mode, requires_grad) in self.MODES.items():
+            with self.subTest(mode=name):
+                torch._dynamo.reset()
+                compiled = torch.compile(self.step, backend="inductor", fullgraph=True)
+                for n in (3, 1, 2, 17):
+                    x = torch.randn(n, 5, 3, 5, requires_grad=requires_grad)
+                    w = torch.randn(5, requires_grad=requires_grad)
+                    b = torch.randn(5)
+                    x_c = x.detach().clone().requires_grad_(requires_grad)
+                    w_c = w.detach().clone().requires_grad_(requires_grad)
+                    torch._dynamo.decorators.mark_unbacked(x_c, 0)
+                    with mode(), _no_graph_caches():
+                        got, ref = compiled(x_c, w_c, b), self.step(x, w, b)
+                    self.assertEqual(got.dtype, ref.dtype, msg=f"{name} {n}")
+                    self.assertEqual(got.requires_grad, ref.requires_grad, msg=f"{name} {n}")
+                    tol = {"atol": 0.1, "rtol": 2e-2} if ref.dtype == torch.bfloat16 else {}
+                    self.assertEqual(got, ref, msg=f"{name} {n}", **tol)
+                    if ref.requires_grad:
+                        got.sum().backward()
+                        ref.sum().backward()
+                        # sums over the batch: reduction order differs from eager's
+                        grad_tol = {"atol": 1e-4, "rtol": 1e-4}
+                        self.assertEqual(x_c.grad, x.grad, msg=f"{name} {n}", **grad_tol)
+                        self.assertEqual(w_c.grad, w.grad, msg=f"{name} {n}", **grad_tol)
+
+    def test_one_value_per_group_is_refused_at_run_time(self):
+        # [n, 3, 1, 1] in 3 groups: one value per group at n = 1, which eager refuses; the
+        # graph compiled for an unbacked n asserts it at run time instead of computing
+        def norm(x):
+            return F.group_norm(x, 3)
+
+        for backend in ("aot_eager", "inductor"):
+            with self.subTest(backend=backend):
+                torch._dynamo.reset()
+                compiled = torch.compile(norm, backend=backend, fullgraph=True)
+                x = torch.randn(2, 3, 1, 1)
+                torch._dynamo.decorators.mark_unbacked(x, 0)
+                with _no_graph_caches():
+                    self.assertEqual(compiled(x), norm(x))
+                    one = torch.randn(1, 3, 1, 1)
+                    with self.assertRaisesRegex(ValueError, "more than 1 value per channel"):
+                        norm(one)
+                    with self.assertRaisesRegex(RuntimeError, r"Ne\(u0, 1\)"):
+                        compiled(one)
+
+    def test_static_sizes_and_torchscript_keep_value_error(self):
+        # where no size is unbacked the check is eager's: a ValueError, at compile time for
+        # static sizes (Dynamo wraps it); TorchScript still compiles the check (its branch
+        # is not scripted)
+        one = torch.randn(1, 3, 1, 1)
+        torch._dynamo.reset()
+        refused = (ValueError, torch._dynamo.exc.TorchRuntimeError)
+        with self.assertRaisesRegex(refused, "more than 1 value per channel"):
+            torch.compile(lambda x: F.group_norm(x, 3), backend="aot_eager",
+                          fullgraph=True)(one)
+        scripted = torch.jit.script(torch.nn.GroupNorm(3, 3))
+        x = torch.randn(2, 3, 4, 4)
+        self.assertEqual(scripted(x), torch.nn.GroupNorm(3, 3)(x))
+        with self.assertRaisesRegex(torch.jit.Error, "more than 1 value per channel"):
+            scripted(one)
+
+
 if __name__ == "__main__":
     run_tests()
