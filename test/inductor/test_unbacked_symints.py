@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch._dynamo.source import ConstantSource
+from torch._dynamo.testing import CompileCounterWithBackend
 from torch._inductor import ir
 from torch._inductor.graph import GraphLowering
 from torch._inductor.virtualized import V
@@ -653,6 +654,66 @@ class TestNormUnbackedBatch(TestCase):
         self.assertEqual(scripted(x), torch.nn.GroupNorm(3, 3)(x))
         with self.assertRaisesRegex(torch.jit.Error, "more than 1 value per channel"):
             scripted(one)
+
+
+class TestUnfoldUnbacked(TestCase):
+    """unfold over unbacked dims (issue 28 item 4): the lowering asked a hint only to decide
+    buffer reuse (mark_reuse), a heuristic; an unbacked size has none."""
+
+    @staticmethod
+    def through_mul(x, w):
+        return (x.unfold(1, 3, 2) * w).sin().sum(-1)
+
+    @staticmethod
+    def through_matmul(x, w):
+        return (x.unfold(1, 3, 2) @ w.new_ones(3, 4)).sum(-1)
+
+    def test_modes_match_eager(self):
+        # one compile per mode with both dims unbacked, replayed at one window (1, 3), widths
+        # not a multiple of the step, and far from the first: values, dtype, requires_grad and
+        # the input's gradient as eager's. Under bf16 autocast the step's matmul is cast (the
+        # fp32 matmul over an unbacked window count guards Eq(windows, 1) in the mm lowering,
+        # on stock too).
+        modes = {
+            "grad": (contextlib.nullcontext, True, self.through_mul),
+            "autocast_bf16": (
+                lambda: torch.autocast("cpu", dtype=torch.bfloat16), False, self.through_matmul,
+            ),
+            "no_grad": (torch.no_grad, True, self.through_mul),
+            "inference_mode": (torch.inference_mode, True, self.through_mul),
+        }
+        for name, (mode, requires_grad, step) in modes.items():
+            with self.subTest(mode=name):
+                torch._dynamo.reset()
+                counter = CompileCounterWithBackend("inductor")
+                compiled = torch.compile(step, backend=counter, fullgraph=True)
+                for n, width in ((7, 9), (1, 3), (2, 4), (5, 8), (20, 33)):
+                    x = torch.randn(n, width, requires_grad=requires_grad)
+                    w = torch.randn(3)
+                    x_c = x.detach().clone().requires_grad_(requires_grad)
+                    torch._dynamo.decorators.mark_unbacked(x_c, 0)
+                    torch._dynamo.decorators.mark_unbacked(x_c, 1)
+                    with mode(), _no_graph_caches():
+                        got, ref = compiled(x_c, w), step(x, w)
+                    msg = f"{name} {n}x{width}"
+                    self.assertEqual(got.dtype, ref.dtype, msg=msg)
+                    self.assertEqual(got.requires_grad, ref.requires_grad, msg=msg)
+                    tol = {"atol": 0.1, "rtol": 2e-2} if ref.dtype == torch.bfloat16 else {}
+                    self.assertEqual(got, ref, msg=msg, **tol)
+                    if ref.requires_grad:
+                        got.sum().backward()
+                        ref.sum().backward()
+                        self.assertEqual(x_c.grad, x.grad, msg=msg)
+                self.assertEqual(counter.frame_count, 1, msg=name)  # one graph serves all
+
+    def test_static_sizes_unchanged(self):
+        # static sizes still get their reuse count from the sizes themselves
+        x = torch.randn(5, 9)
+        torch._dynamo.reset()
+        with _no_graph_caches():
+            got = torch.compile(self.through_mul, backend="inductor", fullgraph=True)(
+                x, torch.ones(3))
+        self.assertEqual(got, self.through_mul(x, torch.ones(3)))
 
 
 if __name__ == "__main__":
