@@ -4,7 +4,7 @@
 # tensors, so that Inductor's Triton kernels and templates run on the GPU itself, on the patched
 # build. Within 10 minutes on one GPU.
 #
-#   tools/gpu_check.sh [BASE]        BASE: 2.13.0 (default) or 2.15.0; builds .venv from PyPI's
+#   tools/gpu_check.sh [BASE]        BASE: 2.13.0 (default), 2.14.0, 2.14.1 or 2.15.0; builds .venv from PyPI's
 #                                    CUDA wheel (needs the network)
 #   PYTHON=/path/to/python tools/gpu_check.sh [BASE]
 #                                    a Python whose torch is already the patched CUDA build
@@ -22,6 +22,8 @@ fi
 mapfile -t ids < <(python3 -c "
 import tomllib
 m = tomllib.load(open('patches/v$base/manifest.toml', 'rb'))
+if 'series-of' in m['base']:  # another release's fixes serve this base
+    m = tomllib.load(open(f\"patches/{m['base']['series-of']}/manifest.toml\", 'rb'))
 rows = m['fix'] + m.get('acceptance', [])
 print('\n'.join(dict.fromkeys(t for f in rows for t in f.get('triton', []) + f.get('triton_guard', []))))")
 echo "gpu check: ${#ids[@]} tests of the v$base series on $("$PYTHON" -c 'import torch; print(torch.cuda.get_device_name(), "torch", torch.__version__)')"
