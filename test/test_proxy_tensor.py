@@ -1,4 +1,5 @@
 # Owner(s): ["module: ProxyTensor"]
+import contextlib
 import io
 import operator
 import pickle
@@ -197,6 +198,37 @@ sys.stdout.buffer.write(pickle.dumps(gm(*args)))
 """
 
 
+# Replay modes of the differential checks (issue 24): one trace per mode,
+# under that mode; replayed under it.  name: (mode, inputs require grad)
+_MODES = {
+    "grad": (contextlib.nullcontext, True),
+    "autocast_bf16": (lambda: torch.autocast("cpu", dtype=torch.bfloat16), False),
+    "no_grad": (torch.no_grad, True),
+    "inference_mode": (torch.inference_mode, True),
+}
+
+# Replays the round-tripped graphs of every mode at every size, under its mode;
+# imports nothing but torch before unpickling.
+_UNPICKLE_AND_REPLAY_IN_MODES = """
+import contextlib, pickle, sys
+import torch
+graphs, sizes = pickle.loads(sys.stdin.buffer.read())
+modes = {
+    "grad": contextlib.nullcontext,
+    "autocast_bf16": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+    "no_grad": torch.no_grad,
+    "inference_mode": torch.inference_mode,
+}
+results = {}
+for name, gm in graphs.items():
+    for key, args in sizes[name].items():
+        with modes[name]():
+            out = gm(*args)
+            results[name, key] = (out.detach().clone(), out.requires_grad)
+sys.stdout.buffer.write(pickle.dumps(results))
+"""
+
+
 class TestPickleCapturedGraph(TestCase):
     """Captured make_fx graphs, with FlexAttention subgraphs, shipped to
     another process with pickle."""
@@ -291,6 +323,72 @@ class TestPickleCapturedGraph(TestCase):
         )
         self.assertEqual(proc.returncode, 0, proc.stderr.decode()[-2000:])
         self.assertEqual(pickle.loads(proc.stdout), self._alibi_step(*args))
+
+    # Proof test (issue 24's differential check of 0012, 0022, 0023): one
+    # symbolic capture per mode, under that mode, of a step whose score_mod
+    # closes over step inputs; all four pickled to one fresh process, which
+    # re-traces them on load and replays each under its mode at other sizes.
+
+    @staticmethod
+    def _projected_alibi_step(q, k, slopes, rel, w):
+        # the projection makes autocast cast: flex_attention runs in bf16 there.
+        # rel[q_idx - kv_idx + 63]: lengths up to 64
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + slopes[h] * (kv_idx - q_idx) + rel[q_idx - kv_idx + 63]
+
+        q, k = q @ w, k @ w
+        return flex_attention(q, k, q + 1, score_mod=score_mod)
+
+    @staticmethod
+    def _projected_alibi_args(batch, heads, seq, requires_grad):
+        # FlexAttention has no CPU backward: query, key and value must not
+        # require grad; the score_mod's buffers do (grad mode)
+        return (
+            torch.randn(batch, heads, seq, 8),
+            torch.randn(batch, heads, seq, 8),
+            torch.rand(heads, requires_grad=requires_grad),
+            torch.randn(127, requires_grad=requires_grad),
+            torch.randn(8, 8),
+        )
+
+    def test_round_trip_replays_match_eager_in_fresh_process(self):
+        # (batch, heads, seq): the hint (distinct sizes, so that no two dims
+        # share a symbol), ones, uneven ones, and the longest rel allows
+        hint, *others = [(2, 3, 16), (1, 1, 1), (3, 2, 5), (1, 4, 64)]
+        step = self._projected_alibi_step
+        torch.manual_seed(0)
+        graphs, sizes, expected = {}, {}, {}
+        for name, (mode, requires_grad) in _MODES.items():
+            with mode():
+                graphs[name] = make_fx(step, tracing_mode="symbolic")(
+                    *self._projected_alibi_args(*hint, requires_grad)
+                )
+            sizes[name] = {}
+            for size in [hint, *others]:
+                args = self._projected_alibi_args(*size, requires_grad)
+                with mode():
+                    expected[name, size] = (step(*args), graphs[name](*args))
+                sizes[name][size] = args
+        proc = subprocess.run(
+            [sys.executable, "-c", _UNPICKLE_AND_REPLAY_IN_MODES],
+            input=pickle.dumps((graphs, sizes)),
+            capture_output=True,
+            check=False,
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr.decode()[-2000:])
+        results = pickle.loads(proc.stdout)
+        for (name, size), (ref, original) in expected.items():
+            with self.subTest(mode=name, size=size):
+                got, got_requires_grad = results[name, size]
+                tol = {"atol": 2e-2, "rtol": 2e-2} if ref.dtype == torch.bfloat16 else {}
+                for out, requires_grad in ((got, got_requires_grad), (original, original.requires_grad)):
+                    self.assertEqual(out.shape, ref.shape)
+                    self.assertEqual(out.stride(), ref.stride())
+                    self.assertEqual(out.dtype, ref.dtype)
+                    self.assertEqual(requires_grad, ref.requires_grad)
+                    self.assertEqual(out, ref, **tol)
+                # the round trip computes what the graph it came from computes
+                self.assertEqual(got, original, atol=0, rtol=0)
 
     # Guard tests.
 
@@ -484,6 +582,71 @@ def forward(self, arg0_1, arg1_1):
         self.assertEqual(self._run(gm, 3, 5, 7).shape, (15, 4))
         self.assertEqual(self._run(gm, 1, 10, 100).shape, (111, 4))
         self.assertEqual(self._run(gm, 0, 0, 2).shape, (2, 4))
+
+
+class TestSymExprProxyNaryModes(TestCase):
+    """A make_fx(tracing_mode="symbolic") capture whose graph gets the
+    product u0*u1*u2 of three unbacked sizes rebuilt from SymPy (the flatten
+    of a data-dependent [u0, u1, u2, 4] slice, its token count computed with
+    proxy tracing off, as DTensor does): one trace per mode, replayed at
+    other sizes (0, 1, the whole input, far from the hint) against eager
+    (symfix: proxy-nary-sym-expr).  Stock 2.13.0 prints mul(a, b, c) as
+    a * b: the graph reshapes to u0*u1 tokens."""
+
+    # (x's leading dims, counts): the hint, an empty slice, ones, the whole
+    # input, and far from the hint
+    SIZES = [
+        ((5, 6, 7), (2, 3, 4)),
+        ((5, 6, 7), (0, 3, 4)),
+        ((1, 1, 1), (1, 1, 1)),
+        ((5, 6, 7), (5, 6, 7)),
+        ((40, 3, 9), (33, 2, 9)),
+    ]
+
+    @staticmethod
+    def step(x, counts, w):
+        from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+        u0, u1, u2 = counts.tolist()
+        for u, dim in zip((u0, u1, u2), x.shape[:3]):
+            torch._check(u >= 0)
+            torch._check(u <= dim)
+        tokens = x[:u0, :u1, :u2]
+        with disable_proxy_modes_tracing():
+            n = u0 * u1 * u2
+        # the matmul makes autocast cast
+        return (tokens.reshape(n, 4) @ w).sin() * 2
+
+    @staticmethod
+    def _inputs(dims, counts, requires_grad):
+        x = torch.randn(*dims, 4, requires_grad=requires_grad)
+        return x, torch.tensor(counts), torch.randn(4, 3, requires_grad=requires_grad)
+
+    def test_modes_match_eager(self):
+        for name, (mode, requires_grad) in _MODES.items():
+            with self.subTest(mode=name):
+                dims, counts = self.SIZES[0]
+                with mode():
+                    gm = make_fx(self.step, tracing_mode="symbolic")(
+                        *self._inputs(dims, counts, requires_grad)
+                    )
+                for dims, counts in self.SIZES:
+                    msg = f"{name} {dims} {counts}"
+                    x, c, w = self._inputs(dims, counts, requires_grad)
+                    x_g, w_g = (t.detach().clone().requires_grad_(requires_grad) for t in (x, w))
+                    with mode():
+                        got, ref = gm(x_g, c, w_g), self.step(x, c, w)
+                    self.assertEqual(got.shape, ref.shape, msg=msg)
+                    self.assertEqual(got.stride(), ref.stride(), msg=msg)
+                    self.assertEqual(got.dtype, ref.dtype, msg=msg)
+                    self.assertEqual(got.requires_grad, ref.requires_grad, msg=msg)
+                    tol = {"atol": 2e-2, "rtol": 2e-2} if ref.dtype == torch.bfloat16 else {}
+                    self.assertEqual(got, ref, msg=msg, **tol)
+                    if ref.requires_grad:
+                        got.sum().backward()
+                        ref.sum().backward()
+                        self.assertEqual(x_g.grad, x.grad, msg=msg)
+                        self.assertEqual(w_g.grad, w.grad, msg=msg)
 
 
 if __name__ == "__main__":
