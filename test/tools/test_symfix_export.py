@@ -388,9 +388,9 @@ Behaviour kept (pass before and after):
 def fake_newer_base(root: Path, fix: series.Fix) -> Path:
     """A copy of the repo at ``root`` with a second base, v2.15.0, whose series carries ``fix``
     (its 2.13 mail, the subject marked so that the export shows which one it took)."""
-    for name in ("tools", "test", "patches"):  # the real v2.15.0 series is left out
+    for name in ("tools", "test", "patches"):  # the real v2.14.x and v2.15.0 series are left out
         shutil.copytree(ROOT / name, root / name,
-                        ignore=shutil.ignore_patterns("__pycache__", ".*", "v2.15.0"))
+                        ignore=shutil.ignore_patterns("__pycache__", ".*", "v2.14.*", "v2.15.0"))
     shutil.copy(ROOT / "pyproject.toml", root)
     patch = next(p for p in SERIES.patches if p.name == fix.patch)
     tag = root / "patches" / "v2.15.0"
