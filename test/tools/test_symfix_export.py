@@ -478,7 +478,8 @@ class TestOwnFixToMain(TestCase):
         self.assertEqual(sections, ["## Problem", "## Repro", "## Why this change is right",
                                     "## Test plan"])
         self.assertIn("```python\ndef test_", text)
-        self.assertIn("\npython test/test_proxy_tensor.py -k TestSymExprProxyNary\n", text)
+        self.assertIn("\npython test/test_proxy_tensor.py -k TestSymExprProxyNary "
+                      "-k TestSymExprProxyNaryModes\n", text)
         self.assertNotIn("release/2.13", text)
         self.assertNotIn("Written for symfix", text)
 
