@@ -4,8 +4,8 @@
 # tensors, so that Inductor's Triton kernels and templates run on the GPU itself, on the patched
 # build. Within 10 minutes on one GPU.
 #
-#   tools/gpu_check.sh [BASE]        BASE: 2.13.0 (default), 2.14.0, 2.14.1 or 2.15.0; builds .venv from PyPI's
-#                                    CUDA wheel (needs the network)
+#   tools/gpu_check.sh [BASE]        BASE: 2.13.0 (default), 2.14.0, 2.14.1 or 2.15.0; builds
+#                                    .venv from PyPI's CUDA wheel (needs the network)
 #   PYTHON=/path/to/python tools/gpu_check.sh [BASE]
 #                                    a Python whose torch is already the patched CUDA build
 #

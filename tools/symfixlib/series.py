@@ -207,11 +207,11 @@ def load(root: Path = ROOT, tag: str = DEFAULT_BASE) -> Series:
         # wheel's files are checked against the mails' pre-images as for any base, so a file
         # that differs refuses the wheel rather than being patched.
         pdir = root / "patches" / shared
-        if not (pdir / "manifest.toml").is_file() or _read_manifest(pdir)["base"].get("series-of"):
+        owner = _read_manifest(pdir) if (pdir / "manifest.toml").is_file() else None
+        if owner is None or owner["base"].get("series-of"):
             raise SeriesError(f"patches/{tag}/manifest.toml: series-of {shared!r} is not a base "
                               "with a series of its own")
-        manifest = {**_read_manifest(pdir), "base": manifest["base"],
-                    "upstream": manifest.get("upstream", {})}
+        manifest = {**owner, "base": manifest["base"], "upstream": manifest.get("upstream", {})}
     fixes = []
     for row in manifest["fix"]:
         row = {k: tuple(v) if isinstance(v, list) else v for k, v in row.items()}
