@@ -111,12 +111,13 @@ def status(args) -> int:
               f"(log: {rel(log)})", file=sys.stderr)
         return 2
     lacking = untested = 0
+    width = max(len(fix.id) for fix in s.rows)
     for fix in s.rows:
         proofs = [outcomes[t] for t in fix.proof]
         guards = [outcomes[t] for t in fix.guard]
         if not fix.tests:
             verdict, untested = "no tests yet", untested + 1
-        elif proofs and all(o == matrix.PASS for o in proofs):
+        elif all(o == matrix.PASS for o in proofs):  # a row of guards only: has it if they pass
             verdict = "has"
         elif all(o == matrix.FAIL for o in proofs):
             verdict, lacking = "lacks", lacking + 1
@@ -125,7 +126,7 @@ def status(args) -> int:
         if any(o != matrix.PASS for o in guards):
             verdict += " (a guard test fails)"
         prs = ", ".join(f"#{n}" for n in fix.upstream)
-        print(f"  {fix.id:<30} {prs:<18} {verdict}")
+        print(f"  {fix.id:<{width}} {prs:<18} {verdict}")
     print(f"{len(s.rows) - lacking - untested} of {len(s.rows) - untested} tested fixes present"
           + ("; `python3 tools/symfix.py wheel` builds a torch with all" if lacking else ""))
     return 0
