@@ -1,4 +1,7 @@
 # Owner(s): ["module: flex attention"]
+import contextlib
+import os
+
 import torch
 import torch._dynamo.config
 import torch.nn.functional as F
@@ -278,6 +281,38 @@ def _causal(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
+# The modes of the differential checks (issue 24): one capture or compile per mode,
+# replayed at several lengths, against eager.
+_MODES = {
+    "grad": contextlib.nullcontext,
+    "autocast_bf16": lambda: torch.autocast(DEVICE.type, dtype=torch.bfloat16),
+    "no_grad": torch.no_grad,
+    "inference_mode": torch.inference_mode,
+}
+# FlexAttention refuses inputs that require grad on CPU, in eager and when traced
+# (_validate_device: "does not support backward on CPU"), stock too: there the grad
+# mode runs with grad enabled and no input requiring it, and the refusal is checked.
+_BACKWARD_ON_DEVICE = DEVICE.type != "cpu"
+
+
+def _strides(t):
+    # the strides eager defines: those of dims longer than 1 (Inductor's C++ flex
+    # template gives a batch of 1 the stride 1, eager S*H*D)
+    return [st for n, st in zip(t.shape, t.stride()) if n != 1]
+
+
+def _assert_like_eager(test, got, ref, msg, fp32_tol=None):
+    test.assertEqual(got.shape, ref.shape, msg=msg)
+    test.assertEqual(_strides(got), _strides(ref), msg=msg)
+    test.assertEqual(got.dtype, ref.dtype, msg=msg)
+    test.assertEqual(got.requires_grad, ref.requires_grad, msg=msg)
+    if ref.dtype in (torch.bfloat16, torch.float16):
+        tol = {"atol": 3e-2, "rtol": 3e-2}
+    else:
+        tol = fp32_tol or {}
+    test.assertEqual(got, ref, msg=msg, **tol)
+
+
 class TestFlexAttentionBlockMaskInTracedStep(TestCase):
     """The BlockMask of a traced step built from the step's unbacked sequence
     length: padding the dense mask up to whole blocks (aten.constant_pad_nd)
@@ -471,6 +506,95 @@ class TestFlexAttentionBlockMaskInTracedStep(TestCase):
             real = (torch.tensor(q_len), torch.tensor(kv_len), xq, xkv)
             self.assertEqual(gm(*real), step(*real))
 
+    # The differential check of 0010 (issue 24): the whole BlockMask of a traced step
+    # and the attention with it, in every mode, replayed at 1 block (128, and 1 token),
+    # lengths that are not a multiple of the block (200, 300) and far from the hint
+    # (1000). Proof test: stock 2.13.0 and 2.15.0 fail the make_fx capture in the
+    # in-graph pad (0008; 2.15.0's 0001), Dynamo in the q-block transpose
+    # (Ne(((u0 + 127)//128), 0), this fix's bug).
+
+    LENGTHS = (200, 128, 1, 300, 1000)
+
+    @staticmethod
+    def _mask_and_attend(x, w, seq):
+        # the projection is a matmul, which bf16 autocast casts: the attention runs in bf16
+        h = (x[:seq] @ w).view(1, seq, 2, 8).transpose(1, 2)
+        bm = create_block_mask(_causal, None, None, seq, seq, device=DEVICE)
+        out = flex_attention(h, h * 2, h + 1, block_mask=bm)
+        return (
+            out,
+            bm.kv_num_blocks,
+            bm.kv_indices,
+            bm.full_kv_num_blocks,
+            bm.full_kv_indices,
+            bm.q_num_blocks,
+            bm.q_indices,
+            bm.full_q_num_blocks,
+            bm.full_q_indices,
+        )
+
+    @classmethod
+    def _step_from_item(cls, t, x, w):
+        return cls._mask_and_attend(x, w, cls._seq_len(t))
+
+    @classmethod
+    def _step_from_input_length(cls, x, w):
+        return cls._mask_and_attend(x, w, x.size(0))
+
+    def _check_replays(self, name, run, step_args, eager, w):
+        for seq in self.LENGTHS:
+            args = step_args(seq)
+            msg = f"{name} seq={seq}"
+            with _MODES[name]():
+                got, ref = run(*args, w), eager(*args, w)
+            self.assertEqual(len(got), len(ref), msg=msg)
+            for g, r in zip(got, ref):
+                _assert_like_eager(self, g, r, msg)
+            if ref[0].requires_grad:
+                (grad,) = torch.autograd.grad(got[0].sum(), w)
+                (ref_grad,) = torch.autograd.grad(ref[0].sum(), w)
+                self.assertEqual(grad, ref_grad, msg=msg)
+
+    def test_block_mask_modes_match_eager(self):
+        def step(t, x, w):  # make_fx traces a plain function
+            return self._step_from_item(t, x, w)
+
+        x = torch.randn(1024, 16)
+        for name in _MODES:
+            with self.subTest(mode=name):
+                w = (torch.randn(16, 16) / 4).requires_grad_(
+                    name == "grad" and _BACKWARD_ON_DEVICE
+                )
+                if name == "grad" and not _BACKWARD_ON_DEVICE:
+                    w_grad = w.detach().requires_grad_()
+                    refused = "does not support backward on CPU"
+                    with self.assertRaisesRegex(NotImplementedError, refused):
+                        self._step_from_item(torch.tensor(200), x, w_grad)
+                    with self.assertRaisesRegex(NotImplementedError, refused):
+                        _trace_non_strict(step, torch.tensor(200), x, w_grad)
+                # the graph trainer's capture: make_fx, the length from .item()
+                with _MODES[name]():
+                    gm = _trace_non_strict(step, torch.tensor(200), x, w)
+                self._check_replays(
+                    name, gm, lambda seq: (torch.tensor(seq), x), self._step_from_item, w
+                )
+                # torch.compile(backend="aot_eager"), the length an unbacked input size
+                torch._dynamo.reset()
+                counter = CompileCounterWithBackend("aot_eager")
+                compiled = torch.compile(
+                    self._step_from_input_length, backend=counter, fullgraph=True
+                )
+
+                def unbacked_tokens(seq):
+                    tokens = x[:seq].clone()
+                    mark_unbacked(tokens, 0)
+                    return (tokens,)
+
+                self._check_replays(
+                    name, compiled, unbacked_tokens, self._step_from_input_length, w
+                )
+                self.assertEqual(counter.frame_count, 1)
+
     # Guard test: the transpose itself, with batch and head dims.
 
     def test_q_blocks_are_transposed_kv_blocks(self):
@@ -615,6 +739,71 @@ class TestFlexAttentionCompiledCausalBlockMask(TestCase):
                     self.assertEqual(got.dtype, ref.dtype)
                     self.assertEqual(got, ref)
                 self.assertEqual(counter.frame_count, 1)
+
+    # The differential check of 0025 (issue 24), on the Triton path with
+    # SYMFIX_INDUCTOR=triton (and on the C++ one without): one Inductor compile per
+    # mode, replayed at 1 block (128, and 1 token), a length that is not a multiple
+    # of the block (200, the hint) and one far from it (520). Proof test: stock
+    # 2.13.0 and 2.15.0 fail the in-graph create_block_mask (0008, 0010).
+
+    @classmethod
+    def _projected_step(cls, x, w):
+        # The projection is a matmul, which autocast casts: the attention runs in bf16.
+        # Scaled, so that the query is a buffer of its own: the C++ template reads the
+        # query's buffer as 4-d and fails on a view of the mm's 2-d output (a
+        # LoweringException "expected 4, got 2", static shapes and stock 2.13.0 too).
+        return cls._step_from_input_length((x @ w) * 0.5)
+
+    def test_modes_match_eager_inductor(self):
+        # Triton's interpreter computes tl.dot of bf16 operands wrongly (1e10 off a
+        # plain 16x16 matmul, triton 3.7 and 3.9; fp16 is exact): under it the bf16
+        # values are not compared, the fp16 autocast mode checks the low-precision
+        # kernel's values instead. The online softmax of the Triton template sums in
+        # another order than eager: fp32 to 1e-4.
+        interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        modes = dict(_MODES, autocast_fp16=lambda: torch.autocast(DEVICE.type, dtype=torch.float16))
+        for name, mode in modes.items():
+            with self.subTest(mode=name):
+                w = (torch.randn(16, 16) / 4).requires_grad_(
+                    name == "grad" and _BACKWARD_ON_DEVICE
+                )
+                torch._dynamo.reset()
+                counter = CompileCounterWithBackend("inductor")
+                compiled = torch.compile(self._projected_step, backend=counter, fullgraph=True)
+                if name == "grad" and not _BACKWARD_ON_DEVICE:
+                    x = torch.randn(1, 200, 2, 16)
+                    w_grad = w.detach().requires_grad_()
+                    refused = "does not support backward on CPU"
+                    with self.assertRaisesRegex(NotImplementedError, refused):
+                        self._projected_step(x, w_grad)
+                    # Dynamo reports it as Unsupported under fullgraph, with eager's message
+                    with self.assertRaisesRegex(
+                        (NotImplementedError, torch._dynamo.exc.Unsupported), refused
+                    ):
+                        compiled(x, w_grad)
+                    torch._dynamo.reset()
+                    counter.frame_count = 0
+                for seq in (200, 128, 1, 520):
+                    msg = f"{name} seq={seq}"
+                    x = torch.randn(1, seq, 2, 16)
+                    x_unbacked = x.clone()
+                    mark_unbacked(x_unbacked, 1)
+                    with mode():
+                        got, ref = compiled(x_unbacked, w), self._projected_step(x, w)
+                    if interpreted and ref.dtype == torch.bfloat16:
+                        self.assertEqual(got.shape, ref.shape, msg=msg)
+                        self.assertEqual(_strides(got), _strides(ref), msg=msg)
+                        self.assertEqual(got.dtype, ref.dtype, msg=msg)
+                        self.assertEqual(got.requires_grad, ref.requires_grad, msg=msg)
+                    else:
+                        _assert_like_eager(
+                            self, got, ref, msg, fp32_tol={"atol": 1e-4, "rtol": 1e-4}
+                        )
+                    if ref.requires_grad:
+                        (grad,) = torch.autograd.grad(got.sum(), w)
+                        (ref_grad,) = torch.autograd.grad(ref.sum(), w)
+                        self.assertEqual(grad, ref_grad, msg=msg, atol=1e-3, rtol=1e-3)
+                self.assertEqual(counter.frame_count, 1, msg=name)
 
     def test_static_lengths_inductor(self):
         x = torch.randn(1, 200, 2, 16)

@@ -238,6 +238,9 @@ def load(root: Path = ROOT, tag: str = DEFAULT_BASE) -> Series:
             raise SeriesError(f"manifest: {f.id}: control must be {control_path(f.id)}")
         if f.control and not (root / f.control).is_file():
             raise SeriesError(f"manifest: {f.id}: {f.control} does not exist")
+        for kind in ("proof", "guard", "triton", "triton_guard"):
+            if len(set(tests := getattr(f, kind))) != len(tests):
+                raise SeriesError(f"manifest: {f.id}: {kind} names a test twice")
         if both := set(f.triton_guard) & set(f.triton):
             raise SeriesError(f"manifest: {f.id}: tests in both triton and triton_guard: "
                               f"{sorted(both)}")

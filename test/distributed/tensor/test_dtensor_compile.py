@@ -298,6 +298,14 @@ class TestDTensorToLocalBackwardSymbolic(_FakeWorldTestCase):
 # for uneven (30, 22) and even (32, 20) shards
 _SEQ_SHARDS_4 = ((8, 30), (8, 32), (6, 22), (5, 20))
 
+# the modes of issue 24's differential checks: one compile per mode
+_MODES = {
+    "grad": contextlib.nullcontext,
+    "autocast_bf16": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+    "no_grad": torch.no_grad,
+    "inference_mode": torch.inference_mode,
+}
+
 
 class TestDTensorToLocalBackwardUnevenShard(_FakeWorldTestCase):
     """
@@ -343,6 +351,62 @@ class TestDTensorToLocalBackwardUnevenShard(_FakeWorldTestCase):
         self.assertEqual(compiled.shape, eager.shape)
         self.assertEqual(compiled.stride(), eager.stride())
         self.assertEqual(compiled.to_local(), eager.to_local())
+
+    def test_modes_match_eager(self):
+        # one compile per mode, replayed at uneven shards, local lengths of 1
+        # (global 1, 2 and 4) and far from the first; the output and, where
+        # there is a backward (grad, bf16 autocast), the gradient and its
+        # layout as eager's. Under no_grad and inference_mode to_local() has
+        # no backward: the forward is compared
+        weight = torch.randn(5, 6)
+
+        def step(x):
+            # a matmul over the static rows, bf16 under autocast (weight @ local
+            # would not do: mm's backward guards Eq(u1, 1) on the local
+            # stride, a plain tensor too, on stock too)
+            return torch.einsum("ij,jl->il", weight, x.to_local()).sin()
+
+        sizes = [(8, 30), (1, 1), (8, 32), (1, 2), (6, 22), (1, 4), (3, 9), (25, 97)]
+        for mode, ctx in _MODES.items():
+            with self.subTest(mode=mode):
+                torch._dynamo.reset()
+                cnt = CompileCounterWithBackend("aot_eager")
+                compiled = torch.compile(step, backend=cnt, fullgraph=True)
+                for local_len, global_len in sizes:
+                    with self.subTest(mode=mode, local_len=local_len, global_len=global_len):
+                        local = torch.randn(6, local_len)
+                        x_eager = self._seq_sharded(local, global_len)
+                        x = self._seq_sharded(local, global_len)
+                        mark_unbacked(x, 1)
+                        with ctx():
+                            out, out_eager = compiled(x), step(x_eager)
+                        self.assertEqual(out.dtype, out_eager.dtype)
+                        self.assertEqual(out.requires_grad, out_eager.requires_grad)
+                        self.assertEqual(out.shape, out_eager.shape)
+                        self.assertEqual(out.stride(), out_eager.stride())
+                        tol = {"atol": 3e-2, "rtol": 3e-2} if out.dtype == torch.bfloat16 else {}
+                        self.assertEqual(out, out_eager, **tol)
+                        if not out_eager.requires_grad:
+                            continue
+                        # the gradient as to_local()'s backward gives it, and
+                        # the leaf's accumulated one
+                        grads = []
+                        for t, o in ((x, out), (x_eager, out_eager)):
+                            handle = t.register_hook(grads.append)
+                            weights = torch.arange(o.numel(), dtype=o.dtype).view_as(o)
+                            (o * weights).sum().backward()
+                            handle.remove()
+                        grads += [x.grad, x_eager.grad]
+                        for grad, grad_eager in zip(grads[0::2], grads[1::2]):
+                            self.assertEqual(grad.placements, (Shard(1),))
+                            self.assertEqual(grad.placements, grad_eager.placements)
+                            self.assertEqual(grad.dtype, grad_eager.dtype)
+                            self.assertEqual(grad.shape, grad_eager.shape)
+                            # eager's global stride: (4 * local_len, 1) from the
+                            # hook, for global lengths that are not 4 * local too
+                            self.assertEqual(grad.stride(), grad_eager.stride())
+                            self.assertEqual(grad.to_local(), grad_eager.to_local(), **tol)
+                self.assertEqual(cnt.frame_count, 1)
 
     def test_uneven_seq_shard_make_fx_asserts_hold(self):
         # a graph trainer's capture: make_fx over fake inputs with an unbacked
@@ -703,6 +767,76 @@ class TestDTensorStridedShardCompiledBoundary(_FakeWorldTestCase):
         fn(tokens_eager).backward()
         torch.compile(fn, backend="aot_eager", fullgraph=True)(tokens).backward()
         self._check_same(tokens.grad, tokens_eager.grad)
+
+    def _check_modes_match_eager(self, seqs, even):
+        # issue 24's differential check for the output boundary: a Shard(1)
+        # input flattened in the graph, so the graph's output is the view's
+        # _StridedShard(0, sf=B). One compile per mode and batch (the split
+        # factor is static metadata of the output), the global sequence
+        # unbacked, replayed at seqs. Not here: a backward through it with the
+        # sequence unbacked (AOTAutograd compares the tangent's DTensor
+        # metadata with the traced one, Eq(3*u0, 24): data-dependent on stock
+        # too; the static backward is test_strided_shard_input_and_output_backward).
+        weight = torch.randn(5, 5)
+        mesh = self.mesh
+
+        def projected(x):
+            if even:
+                torch._check(x.shape[1] % 2 == 0)
+            # bf16 under autocast
+            w = DTensor.from_local(weight, mesh, [Replicate()], run_check=False)
+            return torch.nn.functional.linear(x, w).flatten(0, 1)
+
+        def elementwise(x):
+            if even:
+                torch._check(x.shape[1] % 2 == 0)
+            # no matmul under inference_mode: eager DTensor shards the
+            # linear's output on its last dim there, and the graph traced in
+            # that mode fails at run time (see TestDTensorViewInputUnbacked._step)
+            return (x.sin() * 3 + x).flatten(0, 1)
+
+        for (mode, ctx), batch in ((m, b) for m in _MODES.items() for b in (3, 1)):
+            step = elementwise if mode == "inference_mode" else projected
+            with self.subTest(mode=mode, batch=batch):
+                torch._dynamo.reset()
+                cnt = CompileCounterWithBackend("aot_eager")
+                compiled = torch.compile(step, backend=cnt, fullgraph=True)
+                for seq in seqs:
+                    with self.subTest(mode=mode, batch=batch, seq=seq):
+                        local = torch.randn(batch, -(-seq // self.world_size), 5)
+                        x, x_c = (
+                            _leaf_dtensor(local, self.mesh, [Shard(1)], (batch, seq, 5), (seq * 5, 5, 1))
+                            for _ in range(2)
+                        )
+                        mark_unbacked(x_c, 1)
+                        with ctx():
+                            out, ref = compiled(x_c), step(x)
+                        if batch > 1:
+                            self.assertEqual(ref.placements, (_StridedShard(0, split_factor=batch),))
+                        self.assertEqual(out.dtype, ref.dtype)
+                        self.assertEqual(out.requires_grad, ref.requires_grad)
+                        if mode != "inference_mode":
+                            self._check_same(out, ref)
+                            continue
+                        # under inference_mode eager's flatten (not its view or
+                        # reshape) builds the spec with use_strided_shard_as_shard_order
+                        # =True, shard_order None, on stock too; the graph's is the
+                        # view's. Same placements, layout and values
+                        self.assertEqual(out.placements, ref.placements)
+                        self.assertEqual(out.shape, ref.shape)
+                        self.assertEqual(out.stride(), ref.stride())
+                        self.assertEqual(out.to_local(), ref.to_local())
+                self.assertEqual(cnt.frame_count, 1)
+
+    def test_modes_match_eager(self):
+        # stock 2.13.0 and 2.15.0: the ValueError above. Even sequences (the
+        # step checks it): a local length of 1 (global 2), far from the first
+        self._check_modes_match_eager((8, 2, 4, 34, 6), even=True)
+
+    def test_uneven_sequence_modes_match_eager(self):
+        # sequences uneven to the mesh; stock 2.13.0 and 2.15.0 stop earlier,
+        # at the flatten's evenness check Ne(Mod(u0, 2), 0) (symfix 0019)
+        self._check_modes_match_eager((8, 7, 2, 3, 33, 5), even=False)
 
     def test_shard_order_spec_round_trip(self):
         # guard: a plain Shard spec and a _StridedShard that encodes the shard
