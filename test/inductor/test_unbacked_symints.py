@@ -10,6 +10,7 @@ from torch._dynamo.source import ConstantSource
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._inductor import ir
 from torch._inductor.graph import GraphLowering
+from torch._inductor.utils import run_and_get_code
 from torch._inductor.virtualized import V
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.testing._internal.common_utils import run_tests, TestCase
@@ -714,6 +715,154 @@ class TestUnfoldUnbacked(TestCase):
             got = torch.compile(self.through_mul, backend="inductor", fullgraph=True)(
                 x, torch.ones(3))
         self.assertEqual(got, self.through_mul(x, torch.ones(3)))
+
+
+class TestNarrowTensorStartUnbacked(TestCase):
+    """narrow() with its start in a 0-d tensor over an unbacked size (issue 28 item 2). Dynamo
+    reads the start with a backed symbol of its own; its runtime asserts tie that symbol to the
+    unbacked size (s0 <= u0) and Inductor emitted them, but no input binds the symbol (NameError
+    at run time). The backward's slice_scatter asked the sign of the start (GuardOnDataDependent)."""
+
+    MODES = TestNormUnbackedBatch.MODES
+
+    @staticmethod
+    def step(x, start, w):
+        return (torch.narrow(x, 0, start, 2) @ w).sin()
+
+    def test_modes_match_eager(self):
+        # one compile per mode, replayed at starts from either end (narrow wraps a negative
+        # one), at the smallest size that holds the window and far from the first
+        cases = ((10, 3), (7, 0), (5, 3), (2, 0), (10, -3), (2, -2), (6, -6), (40, 37))
+        for name, (mode, requires_grad) in self.MODES.items():
+            with self.subTest(mode=name):
+                torch._dynamo.reset()
+                counter = CompileCounterWithBackend("inductor")
+                compiled = torch.compile(self.step, backend=counter, fullgraph=True)
+                for n, start in cases:
+                    x = torch.randn(n, 3, requires_grad=requires_grad)
+                    w = torch.randn(3, 4, requires_grad=requires_grad)
+                    x_c = x.detach().clone().requires_grad_(requires_grad)
+                    w_c = w.detach().clone().requires_grad_(requires_grad)
+                    torch._dynamo.decorators.mark_unbacked(x_c, 0)
+                    s = torch.tensor(start)
+                    with mode(), _no_graph_caches():
+                        got, ref = compiled(x_c, s, w_c), self.step(x, s, w)
+                    msg = f"{name} n={n} start={start}"
+                    self.assertEqual(got.dtype, ref.dtype, msg=msg)
+                    self.assertEqual(got.requires_grad, ref.requires_grad, msg=msg)
+                    tol = {"atol": 0.1, "rtol": 2e-2} if ref.dtype == torch.bfloat16 else {}
+                    self.assertEqual(got, ref, msg=msg, **tol)
+                    if ref.requires_grad:
+                        got.sum().backward()
+                        ref.sum().backward()
+                        self.assertEqual(x_c.grad, x.grad, msg=msg)
+                        self.assertEqual(w_c.grad, w.grad, msg=msg)
+                # Dynamo guards the sign of its backed start: one graph per sign
+                self.assertEqual(counter.frame_count, 2, msg=name)
+
+    def test_start_out_of_range_is_refused_at_run_time(self):
+        # a window past the end, which eager refuses: the graph asserts it at run time with
+        # its own symbol for the start rather than reading Dynamo's
+        torch._dynamo.reset()
+        compiled = torch.compile(self.step, backend="inductor", fullgraph=True)
+        w = torch.randn(3, 4)
+        for n, start in ((6, 2), (4, 3), (4, -5)):
+            x = torch.randn(n, 3)
+            torch._dynamo.decorators.mark_unbacked(x, 0)
+            with _no_graph_caches():
+                if start == 2:
+                    self.assertEqual(compiled(x, torch.tensor(start), w),
+                                     self.step(x, torch.tensor(start), w))
+                    continue
+                with self.assertRaises((IndexError, RuntimeError)):
+                    self.step(x, torch.tensor(start), w)
+                with self.assertRaisesRegex(RuntimeError, r"u\d+.* <= .*u\d+"):
+                    compiled(x, torch.tensor(start), w)
+
+    def test_assert_on_an_input_size_is_still_emitted(self):
+        # a runtime assert that mixes an input's backed size with an unbacked one binds the
+        # backed symbol from that input: Inductor still emits it, and it still refuses
+        def f(x, y):
+            torch._check(x.size(0) <= y.size(0))
+            return x.sum() + y.sum()
+
+        torch._dynamo.reset()
+        compiled = torch.compile(f, backend="inductor", fullgraph=True)
+        x, y = torch.randn(3), torch.randn(5)
+        torch._dynamo.decorators.mark_dynamic(x, 0)
+        torch._dynamo.decorators.mark_unbacked(y, 0)
+        with _no_graph_caches():
+            self.assertEqual(compiled(x, y), f(x, y))
+            x, y = torch.randn(4), torch.randn(2)
+            torch._dynamo.decorators.mark_dynamic(x, 0)
+            torch._dynamo.decorators.mark_unbacked(y, 0)
+            with self.assertRaisesRegex(RuntimeError, r"s\d+ <= u\d+"):
+                compiled(x, y)
+
+
+class TestSliceScatterUnbackedBounds(TestCase):
+    """slice_scatter whose bounds have an unknown sign: an unbacked start from a size
+    (y.size(0) - 3, negative where y is short). The lowering wrapped a negative start and
+    asked its sign (GuardOnDataDependentSymNode: u1 - 3 < 0); where the sign is unknown it
+    now runs ATen's kernel, which wraps as eager does."""
+
+    MODES = TestNormUnbackedBatch.MODES
+
+    @staticmethod
+    def narrow_step(x, y):
+        # the backward of narrow is a slice_scatter with the same bounds
+        return x.narrow(0, y.size(0) - 3, 2).sin() * y.sum()
+
+    @staticmethod
+    def scatter_step(x, y):
+        start = y.size(0) - 3
+        return torch.slice_scatter(x, x[start:].cos(), 0, start) * 2
+
+    def test_modes_match_eager(self):
+        # one compile per mode and step, replayed with the start at 1, at -2 (y of 1), at 0,
+        # at 3 far from the first: values, dtype, requires_grad and the input's gradient
+        cases = ((6, 4), (6, 1), (2, 3), (5, 6), (40, 6))
+        for step in (self.narrow_step, self.scatter_step):
+            for name, (mode, requires_grad) in self.MODES.items():
+                with self.subTest(step=step.__name__, mode=name):
+                    torch._dynamo.reset()
+                    counter = CompileCounterWithBackend("inductor")
+                    compiled = torch.compile(step, backend=counter, fullgraph=True)
+                    for n, m in cases:
+                        x = torch.randn(n, 3, requires_grad=requires_grad)
+                        y = torch.randn(m)
+                        x_c = x.detach().clone().requires_grad_(requires_grad)
+                        torch._dynamo.decorators.mark_unbacked(x_c, 0)
+                        torch._dynamo.decorators.mark_unbacked(y, 0)
+                        with mode(), _no_graph_caches():
+                            got, ref = compiled(x_c, y), step(x, y)
+                        msg = f"{step.__name__} {name} n={n} m={m}"
+                        self.assertEqual(got.dtype, ref.dtype, msg=msg)
+                        self.assertEqual(got.requires_grad, ref.requires_grad, msg=msg)
+                        tol = {"atol": 0.1, "rtol": 2e-2} if ref.dtype == torch.bfloat16 else {}
+                        self.assertEqual(got, ref, msg=msg, **tol)
+                        if ref.requires_grad:
+                            got.sum().backward()
+                            ref.sum().backward()
+                            self.assertEqual(x_c.grad, x.grad, msg=msg)
+                    self.assertEqual(counter.frame_count, 1, msg=msg)  # one graph serves all
+
+    def test_known_sign_keeps_the_fused_kernel(self):
+        # a start whose sign is known (a non-negative size) is still lowered to a pointwise
+        # kernel, not to ATen's
+        def step(x, y):
+            return torch.slice_scatter(x, x[:2].cos(), 0, y.size(0), y.size(0) + 2)
+
+        x, y = torch.randn(8, 3), torch.randn(3)
+        torch._dynamo.decorators.mark_unbacked(x, 0)
+        torch._dynamo.decorators.mark_unbacked(y, 0)
+        torch._dynamo.reset()
+        with _no_graph_caches():
+            got, (code,) = run_and_get_code(
+                torch.compile(step, backend="inductor", fullgraph=True), x, y)
+        self.assertEqual(got, step(x, y))
+        calls = [ln for ln in code.splitlines() if not ln.lstrip().startswith("#")]
+        self.assertFalse([ln for ln in calls if "aten.slice_scatter" in ln])
 
 
 if __name__ == "__main__":
