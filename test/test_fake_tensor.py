@@ -13,6 +13,8 @@ import sympy
 import torch
 import torch.nn.functional as F
 from torch._dispatch.python import enable_python_dispatcher
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_symbols, ShapeEnv
@@ -311,6 +313,59 @@ class TestFakeConstantPadNdModes(TestCase):
         for rows in (0, 1, 3, 17):
             real = torch.randn(rows, 4, requires_grad=True)
             self.assertEqual(gm(real), step(real))
+
+
+class TestFakeConvUnbackedLayout(TestCase):
+    """A CPU convolution over an unbacked batch, on fake tensors: its output's strides must be
+    those the CPU kernel returns at every non-empty batch. Without hints the fake kernel cannot
+    ask _select_conv_backend and reported contiguous strides, where the kernel returns
+    channels-last for a channels-last input or weight (what Inductor then trusted)."""
+
+    KINDS = {  # weight shape from (C, O); the call
+        "conv2d": (lambda c, o: (o, c, 3, 3), lambda x, w: F.conv2d(x, w, padding=1)),
+        "conv2d_1x1": (lambda c, o: (o, c, 1, 1), lambda x, w: F.conv2d(x, w)),
+        "dilated": (lambda c, o: (o, c, 3, 3), lambda x, w: F.conv2d(x, w, dilation=2, padding=2)),
+        "transposed": (lambda c, o: (c, o, 2, 2), lambda x, w: F.conv_transpose2d(x, w, stride=2)),
+        "conv1d": (lambda c, o: (o, c, 3), lambda x, w: F.conv1d(x, w)),
+    }
+
+    @given(
+        kind=st.sampled_from(sorted(KINDS)),
+        channels=st.sampled_from([1, 2, 5]),
+        spatial=st.tuples(st.sampled_from([1, 3, 6]), st.sampled_from([1, 4, 7])),
+        input_channels_last=st.booleans(),
+        weight_channels_last=st.booleans(),
+    )
+    @settings(max_examples=60, deadline=None)
+    def test_strides_of_the_cpu_kernel(
+        self, kind, channels, spatial, input_channels_last, weight_channels_last
+    ):
+        weight_shape, call = self.KINDS[kind]
+        one_d = kind == "conv1d"
+
+        def layout(t, channels_last):
+            return t.contiguous(memory_format=torch.channels_last) if channels_last and \
+                t.dim() == 4 else t
+
+        w = layout(torch.randn(weight_shape(channels, 3)), weight_channels_last)
+        rest = (channels, sum(spatial) + 1) if one_d else (channels, *spatial)
+        shape_env = ShapeEnv()
+        with FakeTensorMode(shape_env=shape_env) as fake_mode:
+            n = shape_env.create_unbacked_symint()
+            x = layout(torch.empty(n, *rest), input_channels_last)
+            out = call(x, fake_mode.from_tensor(w, static_shapes=True))
+        u0 = n.node.expr
+        for batch in (1, 2, 17):
+            real = call(layout(torch.randn(batch, *rest), input_channels_last), w)
+            claimed = [int(sympy.sympify(s.node.expr if isinstance(s, torch.SymInt) else s)
+                           .subs(u0, batch)) for s in out.stride()]
+            self.assertEqual(list(out.shape[1:]), list(real.shape[1:]))
+            # strides of dims of size 1 do not matter
+            self.assertEqual(
+                [s for s, size in zip(claimed, real.shape) if size > 1],
+                [s for s, size in zip(real.stride(), real.shape) if size > 1],
+                msg=f"batch {batch}",
+            )
 
 
 if __name__ == "__main__":

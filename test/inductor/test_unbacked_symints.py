@@ -865,5 +865,89 @@ class TestSliceScatterUnbackedBounds(TestCase):
         self.assertFalse([ln for ln in calls if "aten.slice_scatter" in ln])
 
 
+class TestConvUnbacked(TestCase):
+    """Convolutions over unbacked sizes (issue 28 item 3): without hints the fake kernel reported
+    a contiguous output where the CPU kernel returns channels-last (Inductor lays conv2d inputs
+    out channels-last), and the lowering asked guarding hints of a conv1d's strides."""
+
+    MODES = TestNormUnbackedBatch.MODES
+
+    @staticmethod
+    def conv2d(x, w):
+        return F.conv2d(x, w, padding=1).relu() * 2
+
+    @staticmethod
+    def conv1d(x, w):
+        return F.conv1d(x, w, padding=1).relu() * 2
+
+    @staticmethod
+    def conv_transpose2d(x, w):
+        return F.conv_transpose2d(x, w, stride=2).relu()
+
+    @staticmethod
+    def conv2d_channels_last_weight(x, w):
+        return F.conv2d(x, w.contiguous(memory_format=torch.channels_last)).sin()
+
+    def _replay(self, step, input_shape, weight_shape, unbacked, sizes=(3, 1, 2, 0, 17)):
+        # one compile per mode, replayed at every size: dtype, requires_grad, shape, strides
+        # (of a non-empty output: an empty one's are not checked, here nor by Inductor) and
+        # values as eager's, and the input's gradient
+        for name, (mode, requires_grad) in self.MODES.items():
+            with self.subTest(step=step.__name__, mode=name):
+                torch._dynamo.reset()
+                counter = CompileCounterWithBackend("inductor")
+                compiled = torch.compile(step, backend=counter, fullgraph=True)
+                w = torch.randn(weight_shape)
+                for n in sizes:
+                    msg = f"{step.__name__} {name} n={n}"
+                    x = torch.randn(input_shape(n), requires_grad=requires_grad)
+                    x_c = x.detach().clone().requires_grad_(requires_grad)
+                    for dim in unbacked:
+                        torch._dynamo.decorators.mark_unbacked(x_c, dim)
+                    with mode(), _no_graph_caches():
+                        got, ref = compiled(x_c, w), step(x, w)
+                    self.assertEqual(got.dtype, ref.dtype, msg=msg)
+                    self.assertEqual(got.requires_grad, ref.requires_grad, msg=msg)
+                    self.assertEqual(got.shape, ref.shape, msg=msg)
+                    if ref.numel():
+                        self.assertEqual(got.stride(), ref.stride(), msg=msg)
+                    tol = {"atol": 0.1, "rtol": 2e-2} if ref.dtype == torch.bfloat16 else {}
+                    self.assertEqual(got, ref, msg=msg, **tol)
+                    if ref.requires_grad:
+                        got.sum().backward()
+                        ref.sum().backward()
+                        self.assertEqual(x_c.grad, x.grad, msg=msg, atol=1e-4, rtol=1e-4)
+                self.assertEqual(counter.frame_count, 1, msg=name)  # one graph serves all
+
+    def test_modes_match_eager(self):
+        self._replay(self.conv2d, lambda n: (n, 5, 6, 7), (4, 5, 3, 3), [0])
+        self._replay(self.conv1d, lambda n: (2, 5, n + 1), (4, 5, 3), [2])
+        self._replay(self.conv1d, lambda n: (n, 5, n + 4), (4, 5, 3), [0, 2])
+        self._replay(self.conv_transpose2d, lambda n: (n, 5, 4, 3), (5, 3, 2, 2), [0])
+        self._replay(self.conv2d_channels_last_weight, lambda n: (n, 5, 6, 7), (4, 5, 3, 3), [0])
+
+    def test_every_dim_unbacked_keeps_eager_strides(self):
+        # with C, H and W unbacked too, channels-last input cannot be told from contiguous
+        # (C = H = W = 1): Inductor still computes the convolution channels-last, and the
+        # output takes eager's contiguous strides
+        self._replay(self.conv2d, lambda n: (n, 5, n + 2, n + 3), (4, 5, 3, 3), [0, 2, 3])
+
+    def test_static_and_backed_sizes(self):
+        # where no size is unbacked the layouts come from the kernel's own choice, as before
+        for dynamic in (False, True):
+            for step, x, w in (
+                (self.conv2d, torch.randn(3, 5, 6, 7), torch.randn(4, 5, 3, 3)),
+                (self.conv1d, torch.randn(3, 5, 9), torch.randn(4, 5, 3)),
+            ):
+                with self.subTest(step=step.__name__, dynamic=dynamic):
+                    torch._dynamo.reset()
+                    with _no_graph_caches():
+                        got = torch.compile(step, backend="inductor", fullgraph=True,
+                                            dynamic=dynamic)(x, w)
+                    ref = step(x, w)
+                    self.assertEqual(got.stride(), ref.stride())
+                    self.assertEqual(got, ref)
+
+
 if __name__ == "__main__":
     run_tests()
