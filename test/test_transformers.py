@@ -377,6 +377,29 @@ class TestSDPAUnbackedSeqLenModes(_DynamoResetTestCase):
             self.assertEqual(out, ref, atol=3e-2, rtol=3e-2)
             self.assertEqual(grad, ref_grad, atol=3e-2, rtol=3e-2)
 
+    def test_refuses_what_eager_refuses(self):
+        # mixed dtypes and a 1-d value: eager's composite checks its inputs
+        # before choosing a backend; a graph traced with an unbacked (min 0)
+        # query length must refuse them too, not compute (math would upcast
+        # a half query to match its float key)
+        cases = {
+            "same dtype": ((torch.half, torch.float, torch.float), (2, 3, 6, 16)),
+            "2 dimensional": ((torch.float,) * 3, (16,)),
+        }
+        for what, (dtypes, value_shape) in cases.items():
+            with self.subTest(what=what):
+                q = torch.randn(2, 3, 5, 16, dtype=dtypes[0])
+                k = torch.randn(2, 3, 6, 16, dtype=dtypes[1])
+                v = torch.randn(value_shape, dtype=dtypes[2])
+                with self.assertRaisesRegex(RuntimeError, what):
+                    _attend(q, k, v)
+                torch._dynamo.reset()
+                compiled = torch.compile(_attend, backend="aot_eager", fullgraph=True)
+                q_c = q.clone()
+                mark_unbacked(q_c, 2, min=0)
+                with self.assertRaisesRegex(Exception, what):
+                    compiled(q_c, k, v)
+
     def test_no_python_kernel_without_unbacked_sizes(self):
         # SDPA under a dispatch mode (DTensor, FlopCounter, activation
         # checkpointing) pays for a Python kernel at PythonTLSSnapshot on
