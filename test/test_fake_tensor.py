@@ -368,5 +368,90 @@ class TestFakeConvUnbackedLayout(TestCase):
             )
 
 
+class TestChannelsLastUnbackedBatch(TestCase):
+    """suggest_memory_format (the layout the Python refs and decompositions give an output) of a
+    channels-last tensor whose batch is unbacked: "the batch may be 0" made it contiguous, so a
+    traced F.pad returned a layout eager does not (and its .contiguous() was dropped). The
+    strides of an empty tensor are never read: the answer is the one for non-empty sizes."""
+
+    LAYOUTS = {
+        "contiguous": lambda t: t,
+        "channels_last": lambda t: t.contiguous(memory_format=torch.channels_last),
+        "permuted": lambda t: t.permute(0, 3, 1, 2).contiguous().permute(0, 2, 3, 1),
+    }
+
+    @given(
+        layout=st.sampled_from(sorted(LAYOUTS)),
+        chw=st.tuples(*[st.sampled_from([1, 2, 5])] * 3),
+        unbacked_chw=st.booleans(),
+    )
+    @settings(max_examples=60, deadline=None)
+    def test_suggest_memory_format_as_eager(self, layout, chw, unbacked_chw):
+        from torch._prims_common import suggest_memory_format
+
+        make = self.LAYOUTS[layout]
+        shape_env = ShapeEnv()
+        with FakeTensorMode(shape_env=shape_env):
+            sizes = [shape_env.create_unbacked_symint() for _ in range(4 if unbacked_chw else 1)]
+            fake = make(torch.empty(*sizes, *chw[len(sizes) - 1:]))
+            got = suggest_memory_format(fake)
+        if unbacked_chw:
+            # C = H = W = 1 is possible, where c10 says contiguous: the answer is "or false",
+            # without a data-dependent error
+            self.assertEqual(got, torch.contiguous_format)
+            return
+        for batch in (1, 2, 7):
+            # eager's constant_pad_nd allocates in the input's suggested memory format
+            padded = F.pad(make(torch.empty(batch, *chw)), (1, 1))
+            laid_out = torch.empty(padded.shape).contiguous(memory_format=got)
+            self.assertEqual(
+                [st for st, size in zip(laid_out.stride(), padded.shape) if size > 1],
+                [st for st, size in zip(padded.stride(), padded.shape) if size > 1],
+                msg=f"batch {batch}",
+            )
+
+    def test_pad_keeps_eager_layout(self):
+        # aot_eager and the graph trainer's make_fx capture, traced once with an unbacked
+        # batch, replayed at 1, 2 and 5 (and 0: values only) under each mode
+        def step(x):
+            y = F.pad(x, (1, 1), value=0.5)
+            return y, y.contiguous() * 2
+
+        def inputs(n, requires_grad):
+            t = torch.randn(n, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+            return t.requires_grad_(requires_grad)
+
+        modes = {
+            "grad": (contextlib.nullcontext, True),
+            "no_grad": (torch.no_grad, True),
+            "inference_mode": (torch.inference_mode, False),
+        }
+        for name, (mode, requires_grad) in modes.items():
+            torch._dynamo.reset()
+            compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+            shape_env = ShapeEnv()
+            fake_mode = FakeTensorMode(shape_env=shape_env)
+            with fake_mode:
+                n = shape_env.create_unbacked_symint()
+                fake = inputs(2, False).new_empty(n, 3, 4, 5).contiguous(
+                    memory_format=torch.channels_last).requires_grad_(requires_grad)
+                with mode():
+                    gm = make_fx(step)(fake)
+            for batch in (1, 2, 5, 0):
+                x = inputs(batch, requires_grad)
+                x_c = x.detach().clone(memory_format=torch.preserve_format)
+                x_c.requires_grad_(requires_grad)
+                torch._dynamo.decorators.mark_unbacked(x_c, 0)
+                with mode():
+                    ref = step(x)
+                    for how, got in (("aot_eager", compiled(x_c)), ("make_fx", gm(x))):
+                        msg = f"{name} {how} batch {batch}"
+                        for g, r in zip(got, ref):
+                            self.assertEqual(g, r, msg=msg)
+                            self.assertEqual(g.requires_grad, r.requires_grad, msg=msg)
+                            if batch:
+                                self.assertEqual(g.stride(), r.stride(), msg=msg)
+
+
 if __name__ == "__main__":
     run_tests()
