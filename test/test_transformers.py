@@ -400,6 +400,32 @@ class TestSDPAUnbackedSeqLenModes(_DynamoResetTestCase):
                 with self.assertRaisesRegex(Exception, what):
                     compiled(q_c, k, v)
 
+    def test_no_python_kernel_after_an_unbacked_trace(self):
+        # once a step over an unbacked (min 0) length has been compiled (any
+        # kernel it needed was held only while its fake mode was entered),
+        # SDPA under a dispatch mode costs what it costs on stock: no Python
+        # kernel at PythonTLSSnapshot, even after a trace in another thread
+        code = """if True:
+            import threading
+            import torch
+            from torch._dynamo.decorators import mark_unbacked
+            def has_kernel():
+                return torch._C._dispatch_has_kernel_for_dispatch_key(
+                    "aten::scaled_dot_product_attention", "PythonTLSSnapshot")
+            f = torch.nn.functional.scaled_dot_product_attention
+            def trace():
+                q = torch.randn(1, 1, 4, 8)
+                mark_unbacked(q, 2, min=0)
+                torch.compile(f, backend="aot_eager", fullgraph=True)(q, q, q)
+            trace()
+            thread = threading.Thread(target=trace)
+            thread.start()
+            thread.join()
+            print(has_kernel())
+        """
+        out = subprocess.check_output([sys.executable, "-c", code], text=True)
+        self.assertEqual(out.split()[-1], "False")
+
     def test_no_python_kernel_without_unbacked_sizes(self):
         # SDPA under a dispatch mode (DTensor, FlopCounter, activation
         # checkpointing) pays for a Python kernel at PythonTLSSnapshot on

@@ -161,8 +161,8 @@ def report(args) -> int:
     if any(isinstance(r, str) for r in sdpa):
         print(f"  not measured: {next(r for r in sdpa if isinstance(r, str))}")
     else:
-        for key, what in (("plain_us", "no unbacked size made"),
-                          ("after_unbacked_us", "after an unbacked size")):
+        for key, what in (("plain_us", "nothing traced"),
+                          ("after_trace_us", "after an unbacked trace")):
             print(f"  {what:24} stock {sdpa[0][key]:6.1f}   patched {sdpa[1][key]:6.1f}   "
                   f"{sdpa[1][key] / sdpa[0][key]:5.2f}x (goal: within 1.05x)")
     stock = workload(envs.python_of(ROOT / ".symfix" / "stock"), "--static-only")
