@@ -1,7 +1,10 @@
 # Owner(s): ["oncall: pt2"]
+import contextlib
 import operator
 
 import torch
+import torch.nn.functional as F
+from torch._dynamo.testing import CompileCounterWithBackend
 from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
@@ -315,6 +318,64 @@ class TestForeignUnbackedTransfer(TestCase):
         # Back to entry 1.
         self.assertEqual(call(4, 5, 2), 3.0)
         self.assertEqual(cnt.frame_count, 3)
+
+
+class TestReplicationPadUnbacked(TestCase):
+    """F.pad(mode="replicate") with a negative pad over unbacked sizes (OpInfo
+    nn.functional.pad replicate_negative, every dim unbacked): 2.13.0's meta
+    combined its output checks with Python `or`, a guard on u >= 1."""
+
+    MODES = {
+        "grad": (contextlib.nullcontext, True),
+        "no_grad": (torch.no_grad, True),
+        "inference_mode": (torch.inference_mode, False),
+    }
+
+    @staticmethod
+    def step(x):
+        return F.pad(x, (-1, 0, 2, -4), mode="replicate") * 2
+
+    def _run(self, fn, mode, x):
+        try:
+            with mode():
+                return fn(x)
+        except Exception as e:  # eager's refusal, or the graph's
+            return e
+
+    def _replay(self, compiled, mode, requires_grad, shape):
+        x = torch.randn(shape, requires_grad=requires_grad)
+        x_c = x.detach().clone().requires_grad_(requires_grad)
+        for dim in range(4):
+            torch._dynamo.decorators.mark_unbacked(x_c, dim)
+        ref, got = self._run(self.step, mode, x), self._run(compiled, mode, x_c)
+        if isinstance(ref, Exception):
+            self.assertIsInstance(got, Exception, msg=f"{shape}")
+            return
+        self.assertNotIsInstance(got, Exception, msg=f"{shape}")
+        self.assertEqual(got, ref, msg=f"{shape}")
+        self.assertEqual(got.requires_grad, ref.requires_grad)
+        if ref.requires_grad:
+            got.sum().backward()
+            ref.sum().backward()
+            self.assertEqual(x_c.grad, x.grad, msg=f"{shape}")
+
+    def test_negative_pad_matches_eager(self):
+        # one compile per backend and mode, every dim unbacked, replayed at
+        # shapes with sizes of 1; then at an output width of 0 (2.13.0's eager
+        # returns an empty tensor, 2.14 and later refuse) and an output height
+        # below 0 (refused): equal to eager, or refused where eager refuses
+        # (Dynamo turns a failed size check into a recompile, hence last)
+        for backend in ("aot_eager", "inductor"):
+            for name, (mode, requires_grad) in self.MODES.items():
+                with self.subTest(backend=backend, mode=name):
+                    torch._dynamo.reset()
+                    counter = CompileCounterWithBackend(backend)
+                    compiled = torch.compile(self.step, backend=counter, fullgraph=True)
+                    for shape in ((6, 2, 4, 4), (1, 1, 5, 3), (2, 3, 7, 2)):
+                        self._replay(compiled, mode, requires_grad, shape)
+                    self.assertEqual(counter.frame_count, 1)
+                    for shape in ((3, 2, 4, 1), (2, 2, 1, 5)):
+                        self._replay(compiled, mode, requires_grad, shape)
 
 
 if __name__ == "__main__":
