@@ -942,5 +942,51 @@ class TestFlexAttentionDecodeBlockMaskInTracedStep(TestCase):
             )
 
 
+class TestFlexAttentionQueryViewingA2DBuffer(TestCase):
+    """A query that views a 2-D buffer, as a projection's output does
+    (x @ w viewed as [B, S, H, D] and transposed): Inductor's C++ flex template
+    read the sizes of the buffer under its views as [B, H, S, D] and failed to
+    lower ("not enough values to unpack (expected 4, got 2)"), with static
+    sizes too, on stock 2.13.0, 2.14.1 and 2.15.0."""
+
+    H, D = 2, 16
+    LENGTHS = (256, 200, 384)
+    VIEWS = {
+        "projection": lambda t, h, d: t.view(1, -1, h, d).transpose(1, 2),
+        "heads_first": lambda t, h, d: t.view(1, h, -1, d),
+    }
+
+    def test_query_views_match_eager_inductor(self):
+        # with static and unbacked lengths (one compile serves every unbacked
+        # one) under each mode of the C++ lowering (inference-only): as eager
+        for view_name, view in self.VIEWS.items():
+
+            def step(q2, k, v, view=view):
+                return flex_attention(view(q2, self.H, self.D), k, v)
+
+            for unbacked in (False, True):
+                for mode in (torch.no_grad, torch.inference_mode):
+                    name = f"{view_name} unbacked={unbacked} {mode.__name__}"
+                    with self.subTest(name):
+                        torch._dynamo.reset()
+                        counter = CompileCounterWithBackend("inductor")
+                        compiled = torch.compile(step, backend=counter, fullgraph=True)
+                        k = torch.randn(1, self.H, 128, self.D, device=DEVICE)
+                        v = torch.randn(1, self.H, 128, self.D, device=DEVICE)
+                        for seq in self.LENGTHS:
+                            shape = {"projection": (seq, self.H * self.D),
+                                     "heads_first": (self.H * seq, self.D)}[view_name]
+                            q2 = torch.randn(shape, device=DEVICE)
+                            q2_c = q2.clone()
+                            if unbacked:
+                                mark_unbacked(q2_c, 0)
+                            with mode():
+                                got, ref = compiled(q2_c, k, v), step(q2, k, v)
+                            _assert_like_eager(self, got, ref, f"{name} {seq}",
+                                               fp32_tol={"atol": 1e-4, "rtol": 1e-4})
+                        if unbacked:  # static lengths recompile: one graph each
+                            self.assertEqual(counter.frame_count, 1, msg=name)
+
+
 if __name__ == "__main__":
     run_tests()
