@@ -383,23 +383,23 @@ class TestChannelsLastUnbackedBatch(TestCase):
     @given(
         layout=st.sampled_from(sorted(LAYOUTS)),
         chw=st.tuples(*[st.sampled_from([1, 2, 5])] * 3),
-        unbacked_chw=st.booleans(),
+        unbacked=st.sets(st.sampled_from([1, 2, 3])),
     )
-    @settings(max_examples=60, deadline=None)
-    def test_suggest_memory_format_as_eager(self, layout, chw, unbacked_chw):
+    @settings(max_examples=80, deadline=None)
+    def test_suggest_memory_format_as_eager(self, layout, chw, unbacked):
+        # the batch and the dims in `unbacked` are unbacked; at the sizes chw (and batches
+        # 1, 2, 7) a tensor laid out in the fake's answer has eager's strides where they
+        # matter (dims longer than 1: where C, H and W are all 1 both answers agree)
         from torch._prims_common import suggest_memory_format
 
         make = self.LAYOUTS[layout]
         shape_env = ShapeEnv()
         with FakeTensorMode(shape_env=shape_env):
-            sizes = [shape_env.create_unbacked_symint() for _ in range(4 if unbacked_chw else 1)]
-            fake = make(torch.empty(*sizes, *chw[len(sizes) - 1:]))
-            got = suggest_memory_format(fake)
-        if unbacked_chw:
-            # C = H = W = 1 is possible, where c10 says contiguous: the answer is "or false",
-            # without a data-dependent error
-            self.assertEqual(got, torch.contiguous_format)
-            return
+            sizes = [shape_env.create_unbacked_symint()] + [
+                shape_env.create_unbacked_symint() if d in unbacked else n
+                for d, n in enumerate(chw, start=1)
+            ]
+            got = suggest_memory_format(make(torch.empty(*sizes)))
         for batch in (1, 2, 7):
             # eager's constant_pad_nd allocates in the input's suggested memory format
             padded = F.pad(make(torch.empty(batch, *chw)), (1, 1))

@@ -925,6 +925,9 @@ class TestConvUnbacked(TestCase):
         self._replay(self.conv1d, lambda n: (n, 5, n + 4), (4, 5, 3), [0, 2])
         self._replay(self.conv_transpose2d, lambda n: (n, 5, 4, 3), (5, 3, 2, 2), [0])
         self._replay(self.conv2d_channels_last_weight, lambda n: (n, 5, 6, 7), (4, 5, 3, 3), [0])
+        # an unbacked height with C * W odd: Eq(15 * u0, 1) cannot be refuted, yet only
+        # decides where C = H = W = 1
+        self._replay(self.conv2d, lambda n: (2, 3, n + 1, 5), (4, 3, 3, 3), [2])
 
     def test_every_dim_unbacked_keeps_eager_strides(self):
         # with C, H and W unbacked too, channels-last input cannot be told from contiguous

@@ -1074,6 +1074,39 @@ class TestDTensorStridedShardUnbacked(TestCase):
         for compiled, local, ref in self._compiled_flatten(lambda t: t.to_local()):
             self.assertEqual(compiled(local), ref)
 
+    def test_sequence_of_one_is_refused_at_run_time(self):
+        # a global sequence of 1 makes the sharded dim a singleton of the view,
+        # and eager refuses the reshape; the graph compiled for any length must
+        # refuse it at run time too, not compute (4 ranks, the global length
+        # an unbacked size of its own)
+        mesh = self._fake_world((4,))
+
+        def step(local, seq):
+            b, _, d = local.shape
+            x = DTensor.from_local(local, mesh, [Shard(1)], run_check=False,
+                                   shape=(b, seq.shape[0], d), stride=(seq.shape[0] * d, d, 1))
+            return (x.reshape(-1, d) * 2).to_local()
+
+        torch._dynamo.reset()
+        compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+
+        def unbacked(local, seq):
+            local, seq = local.clone(), seq.clone()
+            mark_unbacked(local, 0)
+            mark_unbacked(local, 1)
+            mark_unbacked(seq, 0)
+            return local, seq
+
+        for batch, local_len, seq_len in ((2, 2, 8), (3, 3, 9)):
+            local, seq = torch.randn(batch, local_len, 4), torch.empty(seq_len)
+            self.assertEqual(compiled(*unbacked(local, seq)), step(local, seq))
+        for batch in (1, 3):
+            local, seq = torch.randn(batch, 1, 4), torch.empty(1)
+            with self.assertRaisesRegex(RuntimeError, "remove or reshape sharded dimension 1"):
+                step(local, seq)
+            with self.assertRaisesRegex(RuntimeError, r"Ne\(u\d+, 1\)"):
+                compiled(*unbacked(local, seq))
+
     def test_flatten_keeps_symbolic_split_factor(self):
         batch, seq, tokens = self._tokens()
         self.assertEqual(tokens.placements, (_StridedShard(0, split_factor=batch),))
