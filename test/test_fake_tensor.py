@@ -372,7 +372,8 @@ class TestChannelsLastUnbackedBatch(TestCase):
     """suggest_memory_format (the layout the Python refs and decompositions give an output) of a
     channels-last tensor whose batch is unbacked: "the batch may be 0" made it contiguous, so a
     traced F.pad returned a layout eager does not (and its .contiguous() was dropped). The
-    strides of an empty tensor are never read: the answer is the one for non-empty sizes."""
+    answer is now the one for non-empty sizes (symfix 0031 names the one op that reads the
+    layout of an empty input: cat)."""
 
     LAYOUTS = {
         "contiguous": lambda t: t,
@@ -388,25 +389,29 @@ class TestChannelsLastUnbackedBatch(TestCase):
     @settings(max_examples=80, deadline=None)
     def test_suggest_memory_format_as_eager(self, layout, chw, unbacked):
         # the batch and the dims in `unbacked` are unbacked; at the sizes chw (and batches
-        # 1, 2, 7) a tensor laid out in the fake's answer has eager's strides where they
-        # matter (dims longer than 1: where C, H and W are all 1 both answers agree)
+        # 1, 2, 7) a real tensor with the fake's strides gets eager's layout (F.pad allocates
+        # in its input's suggested memory format) in the fake's answer, where strides matter
+        # (dims longer than 1: where C, H and W are all 1 both answers agree)
         from torch._prims_common import suggest_memory_format
 
-        make = self.LAYOUTS[layout]
         shape_env = ShapeEnv()
         with FakeTensorMode(shape_env=shape_env):
             sizes = [shape_env.create_unbacked_symint()] + [
                 shape_env.create_unbacked_symint() if d in unbacked else n
                 for d, n in enumerate(chw, start=1)
             ]
-            got = suggest_memory_format(make(torch.empty(*sizes)))
+            fake = self.LAYOUTS[layout](torch.empty(*sizes))
+            got = suggest_memory_format(fake)
         for batch in (1, 2, 7):
-            # eager's constant_pad_nd allocates in the input's suggested memory format
-            padded = F.pad(make(torch.empty(batch, *chw)), (1, 1))
+            values = {s.node.expr: n for s, n in zip(sizes, (batch, *chw))
+                      if isinstance(s, torch.SymInt)}
+            strides = [int(sympy.sympify(st.node.expr if isinstance(st, torch.SymInt) else st)
+                           .subs(values)) for st in fake.stride()]
+            padded = F.pad(torch.empty_strided((batch, *chw), strides), (1, 1))
             laid_out = torch.empty(padded.shape).contiguous(memory_format=got)
             self.assertEqual(
-                [st for st, size in zip(laid_out.stride(), padded.shape) if size > 1],
-                [st for st, size in zip(padded.stride(), padded.shape) if size > 1],
+                [stride for stride, size in zip(laid_out.stride(), padded.shape) if size > 1],
+                [stride for stride, size in zip(padded.stride(), padded.shape) if size > 1],
                 msg=f"batch {batch}",
             )
 
@@ -430,11 +435,8 @@ class TestChannelsLastUnbackedBatch(TestCase):
             torch._dynamo.reset()
             compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
             shape_env = ShapeEnv()
-            fake_mode = FakeTensorMode(shape_env=shape_env)
-            with fake_mode:
-                n = shape_env.create_unbacked_symint()
-                fake = inputs(2, False).new_empty(n, 3, 4, 5).contiguous(
-                    memory_format=torch.channels_last).requires_grad_(requires_grad)
+            with FakeTensorMode(shape_env=shape_env):
+                fake = inputs(shape_env.create_unbacked_symint(), requires_grad)
                 with mode():
                     gm = make_fx(step)(fake)
             for batch in (1, 2, 5, 0):
