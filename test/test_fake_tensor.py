@@ -12,9 +12,9 @@ import contextlib
 import sympy
 import torch
 import torch.nn.functional as F
-from torch._dispatch.python import enable_python_dispatcher
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_symbols, ShapeEnv

@@ -940,6 +940,29 @@ class TestConvUnbacked(TestCase):
         # output takes eager's contiguous strides
         self._replay(self.conv2d, lambda n: (n, 5, n + 2, n + 3), (4, 5, 3, 3), [0, 2, 3])
 
+    def test_every_dim_unbacked_channels_last_aot_eager(self):
+        # channels-last input and weight, every dim of both unbacked (the weight's too): the
+        # fake output must take its layout without asking is_contiguous of unbacked sizes
+        # (a guard on Eq(u0, 0)); stock traces this, with a contiguous fake output
+        def conv(x, w, b):
+            return F.conv2d(x, w, b, 2, 2, 2, 1)
+
+        torch._dynamo.reset()
+        counter = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(conv, backend=counter, fullgraph=True)
+        for n, size in ((1, 4), (2, 5), (3, 7)):
+            x = torch.randn(n, 3, size, size).contiguous(memory_format=torch.channels_last)
+            w = torch.randn(3, 3, 3, 3).contiguous(memory_format=torch.channels_last)
+            b = torch.randn(3)
+            args = [t.clone(memory_format=torch.preserve_format) for t in (x, w, b)]
+            for t in args:
+                for dim in range(t.dim()):
+                    torch._dynamo.decorators.mark_unbacked(t, dim)
+            got, ref = compiled(*args), conv(x, w, b)
+            self.assertEqual(got, ref)
+            self.assertEqual(got.stride(), ref.stride())
+        self.assertEqual(counter.frame_count, 1)
+
     def test_static_and_backed_sizes(self):
         # where no size is unbacked the layouts come from the kernel's own choice, as before
         for dynamic in (False, True):
