@@ -935,9 +935,8 @@ class TestConvUnbacked(TestCase):
         self._replay(self.conv2d, lambda n: (2, 3, n + 1, 5), (4, 3, 3, 3), [2])
 
     def test_every_dim_unbacked_keeps_eager_strides(self):
-        # with C, H and W unbacked too, channels-last input cannot be told from contiguous
-        # (C = H = W = 1): Inductor still computes the convolution channels-last, and the
-        # output takes eager's contiguous strides
+        # with C, H and W unbacked too, Inductor computes the convolution channels-last
+        # and must still return it with eager's contiguous strides (its fake value's order)
         self._replay(self.conv2d, lambda n: (n, 5, n + 2, n + 3), (4, 5, 3, 3), [0, 2, 3])
 
     def test_every_dim_unbacked_channels_last_aot_eager(self):
