@@ -13,6 +13,7 @@ from torch._inductor import ir
 from torch._inductor.graph import GraphLowering
 from torch._inductor.utils import run_and_get_code
 from torch._inductor.virtualized import V
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.testing._internal.common_utils import run_tests, TestCase
 from torch.utils._sympy.printers import PythonPrinter
@@ -977,6 +978,123 @@ class TestConvUnbacked(TestCase):
                     ref = step(x, w)
                     self.assertEqual(got.stride(), ref.stride())
                     self.assertEqual(got, ref)
+
+
+class TestTensorSplitUnbacked(TestCase):
+    """tensor_split into a number of sections over an unbacked size: the kernel gave the
+    first size % sections sections one more element by a guard on that remainder; hsplit,
+    vsplit and dsplit guarded that the number of sections divides the size."""
+
+    MODES = TestNormUnbackedBatch.MODES
+
+    @staticmethod
+    def sections(x):
+        # the matmul makes autocast cast; sections along the unbacked dim as rows and
+        # as columns (a transposed view), each used
+        y = x @ x.new_ones(4, 4)
+        rows = torch.tensor_split(y, 3)
+        return [*(r * (i + 1) for i, r in enumerate(rows)), torch.tensor_split(y.t(), 2, 1)[1]]
+
+    @staticmethod
+    def equal_sections(x):
+        # x is [n, 6, 4], n unbacked: vsplit, hsplit and dsplit each split n
+        return [
+            *torch.vsplit(x, 2),
+            *torch.hsplit(x.transpose(0, 1), 2),
+            *torch.dsplit(x.permute(1, 2, 0), 2),
+        ]
+
+    def _assert_like_eager(self, got, ref, msg):
+        # dtype, requires_grad, shape, strides (of a non-empty output) and values, output
+        # by output; Triton's interpreter computes tl.dot of bf16 operands wrongly: there
+        # bf16 values are not compared
+        self.assertEqual(len(got), len(ref), msg=msg)
+        for g, r in zip(got, ref):
+            self.assertEqual(g.dtype, r.dtype, msg=msg)
+            self.assertEqual(g.requires_grad, r.requires_grad, msg=msg)
+            self.assertEqual(g.shape, r.shape, msg=msg)
+            if r.numel():
+                self.assertEqual(g.stride(), r.stride(), msg=msg)
+            if r.dtype != torch.bfloat16:
+                self.assertEqual(g, r, msg=msg)
+            elif os.environ.get("TRITON_INTERPRET") != "1":
+                self.assertEqual(g, r, msg=msg, atol=0.1, rtol=2e-2)
+
+    def test_modes_match_eager(self):
+        # one compile per mode, replayed at sizes that 3 and 2 do and do not divide, 1 and 0
+        for name, (mode, requires_grad) in self.MODES.items():
+            with self.subTest(mode=name):
+                torch._dynamo.reset()
+                counter = CompileCounterWithBackend("inductor")
+                compiled = torch.compile(self.sections, backend=counter, fullgraph=True)
+                for n in (7, 1, 0, 2, 3, 17):
+                    msg = f"{name} n={n}"
+                    x = torch.randn(n, 4, requires_grad=requires_grad)
+                    x_c = x.detach().clone().requires_grad_(requires_grad)
+                    torch._dynamo.decorators.mark_unbacked(x_c, 0)
+                    with mode(), _no_graph_caches():
+                        got, ref = compiled(x_c), self.sections(x)
+                    self._assert_like_eager(got, ref, msg)
+                    if ref[0].requires_grad:
+                        sum(t.sum() for t in got).backward()
+                        sum(t.sum() for t in ref).backward()
+                        self.assertEqual(x_c.grad, x.grad, msg=msg, atol=1e-4, rtol=1e-4)
+                self.assertEqual(counter.frame_count, 1, msg=name)  # one graph serves all
+
+    def test_equal_sections_match_eager_or_refuse_at_run_time(self):
+        # one compile serves every even size; an odd one eager refuses, and so does the graph
+        for backend in ("aot_eager", "inductor"):
+            with self.subTest(backend=backend):
+                torch._dynamo.reset()
+                counter = CompileCounterWithBackend(backend)
+                compiled = torch.compile(self.equal_sections, backend=counter, fullgraph=True)
+                for n in (4, 2, 0, 6, 3, 1, 8):
+                    x = torch.randn(n, 6, 4)
+                    x_c = x.clone()
+                    torch._dynamo.decorators.mark_unbacked(x_c, 0)
+                    with _no_graph_caches():
+                        if n % 2:
+                            with self.assertRaisesRegex(RuntimeError, "not divisible"):
+                                self.equal_sections(x)
+                            with self.assertRaisesRegex(RuntimeError, r"Mod\(u0, 2\)"):
+                                compiled(x_c)
+                        else:
+                            self._assert_like_eager(
+                                compiled(x_c), self.equal_sections(x), f"n={n}"
+                            )
+                self.assertEqual(counter.frame_count, 1)
+
+    def test_refuses_what_eager_refuses(self):
+        # the checks of the kernels, traced symbolically: eager's error and message
+        cases = [
+            (lambda x: torch.tensor_split(x.sum(), 2), (5, 4)),
+            (lambda x: torch.tensor_split(x, 0), (5, 4)),
+            (lambda x: torch.tensor_split(x, -1, 1), (5, 4)),
+            (lambda x: torch.tensor_split(x, 2, 2), (5, 4)),
+            (lambda x: torch.hsplit(x.sum(), 2), (5, 4)),
+            (lambda x: torch.hsplit(x, 0), (5, 4)),
+            (lambda x: torch.vsplit(x.sum(0), 2), (5, 4)),
+            (lambda x: torch.dsplit(x, 2), (5, 4)),
+            (lambda x: torch.vsplit(x, 2), (5, 4)),
+        ]
+        for i, (fn, shape) in enumerate(cases):
+            with self.subTest(case=i):
+                x = torch.randn(shape)
+                with self.assertRaises(Exception) as eager:
+                    fn(x)
+                with self.assertRaises(type(eager.exception)) as traced:
+                    make_fx(fn, tracing_mode="symbolic")(x)
+                self.assertEqual(str(traced.exception), str(eager.exception))
+
+    def test_static_sizes_split_as_eager(self):
+        # no size symbolic: the same sections, views of the input at eager's offsets
+        x = torch.randn(7, 6, 4)
+        gm = make_fx(lambda t: torch.tensor_split(t, 3, 1))(x)
+        for got, ref in zip(gm(x), torch.tensor_split(x, 3, 1), strict=True):
+            self.assertEqual(got.shape, ref.shape)
+            self.assertEqual(got.stride(), ref.stride())
+            self.assertEqual(got.storage_offset(), ref.storage_offset())
+            self.assertEqual(got, ref)
 
 
 if __name__ == "__main__":
