@@ -15,6 +15,9 @@ class TestTensorSplitByZeroDimTensor(TestCase):
         "method": lambda x, k: x.tensor_split(k, dim=1),
         "keyword": lambda x, k: torch.tensor_split(x, tensor_indices_or_sections=k, dim=1),
         "method_keyword": lambda x, k: x.tensor_split(tensor_indices_or_sections=k, dim=1),
+        "all_keyword": lambda x, k: torch.tensor_split(
+            input=x, tensor_indices_or_sections=k, dim=1
+        ),
     }
 
     def _replay(self, *forms):
@@ -44,7 +47,7 @@ class TestTensorSplitByZeroDimTensor(TestCase):
         self._replay("function")
 
     def test_method_and_keyword_forms(self):
-        self._replay("method", "keyword", "method_keyword")
+        self._replay("method", "keyword", "method_keyword", "all_keyword")
 
     def test_other_sections_keep_eager_semantics(self):
         # what the handler leaves to the graph: a 1-d tensor of indices, and a 0-d double

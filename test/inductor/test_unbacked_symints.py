@@ -1071,6 +1071,7 @@ class TestTensorSplitUnbacked(TestCase):
             (lambda x: torch.tensor_split(x, 0), (5, 4)),
             (lambda x: torch.tensor_split(x, -1, 1), (5, 4)),
             (lambda x: torch.tensor_split(x, 2, 2), (5, 4)),
+            (lambda x: torch.tensor_split(x, 0, 5), (5, 4)),  # the dim is checked first
             (lambda x: torch.hsplit(x.sum(), 2), (5, 4)),
             (lambda x: torch.hsplit(x, 0), (5, 4)),
             (lambda x: torch.vsplit(x.sum(0), 2), (5, 4)),
