@@ -659,6 +659,84 @@ class TestNormUnbackedBatch(TestCase):
             scripted(one)
 
 
+class TestBatchNormUnbackedNumel(TestCase):
+    """batch_norm, training and eval, with an unbacked batch (issue 28 item 5): past the Python
+    size check, ATen's _batch_norm_impl_index guarded Eq(20*u0, 0) to answer an empty input
+    apart (an empty output, running stats untouched)."""
+
+    MODES = TestNormUnbackedBatch.MODES
+
+    @staticmethod
+    def train(x, w, b, mean, var):
+        # the matmul makes autocast cast, as in a model
+        return F.batch_norm(x @ x.new_ones(5, 5).triu(), mean, var, w, b, training=True) * 2
+
+    @staticmethod
+    def eval(x, w, b, mean, var):
+        return F.batch_norm(x @ x.new_ones(5, 5).triu(), mean, var, w, b, training=False) * 2
+
+    def _replay(self, step, mode, requires_grad, sizes, backend="inductor"):
+        # one compile, replayed at each size against eager: output (values, dtype, strides,
+        # requires_grad), running stats after the step, gradients
+        torch._dynamo.reset()
+        counter = CompileCounterWithBackend(backend)
+        compiled = torch.compile(step, backend=counter, fullgraph=True)
+        for n in sizes:
+            x = torch.randn(n, 4, 5)
+            params = [torch.randn(4), torch.randn(4), torch.randn(4), torch.rand(4) + 0.5]
+            ref_args = [x.clone().requires_grad_(requires_grad),
+                        *(p.clone().requires_grad_(requires_grad and i < 2)
+                          for i, p in enumerate(params))]
+            got_args = [a.detach().clone().requires_grad_(a.requires_grad) for a in ref_args]
+            torch._dynamo.decorators.mark_unbacked(got_args[0], 0)
+            with mode(), _no_graph_caches():
+                got, ref = compiled(*got_args), step(*ref_args)
+            msg = f"{step.__name__} n={n}"
+            self.assertEqual(got.dtype, ref.dtype, msg=msg)
+            self.assertEqual(got.requires_grad, ref.requires_grad, msg=msg)
+            tol = {"atol": 0.1, "rtol": 2e-2} if ref.dtype == torch.bfloat16 else {}
+            self.assertEqual(got, ref, msg=msg, **tol)
+            if n:
+                self.assertEqual(got.stride(), ref.stride(), msg=msg)
+            # running stats: values, and no autograd history (the kernel updates them in place)
+            self.assertEqual(got_args[3:], ref_args[3:], msg=msg, **tol)
+            self.assertEqual([s.requires_grad for s in got_args[3:]],
+                             [s.requires_grad for s in ref_args[3:]], msg=msg)
+            if ref.requires_grad:
+                got.sum().backward()
+                ref.sum().backward()
+                for g, r in zip(got_args[:3], ref_args[:3]):
+                    self.assertEqual(g.grad, r.grad, msg=msg, atol=1e-4, rtol=1e-4)
+        self.assertEqual(counter.frame_count, 1)
+
+    def test_modes_match_eager(self):
+        for step in (self.train, self.eval):
+            for name, (mode, requires_grad) in self.MODES.items():
+                with self.subTest(step=step.__name__, mode=name):
+                    self._replay(step, mode, requires_grad, (3, 1, 0, 2, 17))
+
+    def test_empty_batch_keeps_running_stats_aot_eager(self):
+        # the graph runs ATen kernels: the CPU batch norm kernel refuses an empty input, so
+        # the graph must not call it there (no grad: the backward of var divides by n)
+        self._replay(self.train, torch.no_grad, False, (3, 0, 2), backend="aot_eager")
+
+    def test_static_sizes_keep_the_kernel(self):
+        # where the size is known the trace is the kernel's as before (native_batch_norm),
+        # and an empty input leaves the running stats alone
+        def norm(x, w, b, mean, var):
+            return F.batch_norm(x, mean, var, w, b, training=True)
+
+        args = [torch.randn(3, 4, 5), torch.randn(4), torch.randn(4), torch.zeros(4),
+                torch.ones(4)]
+        graph = make_fx(norm, tracing_mode="symbolic")(*args).graph
+        targets = {str(n.target) for n in graph.nodes}
+        self.assertTrue(any("native_batch_norm" in t for t in targets), targets)
+        self.assertFalse(any("var_mean" in t for t in targets), targets)
+        empty = [torch.randn(0, 4, 5), *args[1:]]
+        self.assertEqual(norm(*empty).shape, (0, 4, 5))
+        self.assertEqual(empty[3:], [torch.zeros(4), torch.ones(4)])
+
+
 class TestUnfoldUnbacked(TestCase):
     """unfold over unbacked dims (issue 28 item 4): the lowering asked a hint only to decide
     buffer reuse (mark_reuse), a heuristic; an unbacked size has none."""
