@@ -1057,6 +1057,119 @@ class TestConvUnbacked(TestCase):
                     self.assertEqual(got.stride(), ref.stride())
                     self.assertEqual(got, ref)
 
+    @staticmethod
+    def one_channel(x, w):
+        # a 1x1 kernel over one channel, padded: channels, height and width all 1 is a
+        # size both eager layouts share, where eager answers contiguous
+        return F.conv2d(x, w, padding=1).relu() * 2
+
+    @staticmethod
+    def _one_channel_input(n, h, w, requires_grad=False):
+        # an NHWC image of one channel seen as NCHW: channels-last strides
+        return torch.randn(n, h, w, 1).permute(0, 3, 1, 2).requires_grad_(requires_grad)
+
+    def test_one_channel_layout_depends_on_sizes_refused_at_compile_time(self):
+        # eager's output is channels-last except at height = width = 1: Inductor refuses
+        # to compile it, saying why (stock and 2.15.0 compile it and fail Inductor's stride
+        # check at run time wherever the fake layout is not eager's)
+        torch._dynamo.reset()
+        x = self._one_channel_input(3, 2, 3)
+        for dim in (2, 3):
+            torch._dynamo.decorators.mark_unbacked(x, dim)
+        compiled = torch.compile(self.one_channel, backend="inductor", fullgraph=True)
+        with _no_graph_caches(), self.assertRaisesRegex(Exception, "Mark a spatial dim"):
+            compiled(x, torch.randn(4, 1, 1, 1))
+
+    def test_one_channel_min_two_matches_eager(self):
+        # a height of at least 2 decides the layout: one graph serves every size, forward
+        # and backward, strides included
+        torch._dynamo.reset()
+        counter = CompileCounterWithBackend("inductor")
+        compiled = torch.compile(self.one_channel, backend=counter, fullgraph=True)
+        w = torch.randn(4, 1, 1, 1)
+        for n, h, wd in ((3, 5, 6), (1, 2, 1), (2, 2, 3), (3, 7, 1)):
+            x = self._one_channel_input(n, h, wd, requires_grad=True)
+            x_c = x.detach().clone().requires_grad_()
+            torch._dynamo.decorators.mark_unbacked(x_c, [0, 3])
+            torch._dynamo.decorators.mark_unbacked(x_c, 2, min=2)
+            w_c = w.clone().requires_grad_()
+            w_e = w.clone().requires_grad_()
+            with _no_graph_caches():
+                got = compiled(x_c, w_c)
+            ref = self.one_channel(x, w_e)
+            msg = f"n={n} h={h} w={wd}"
+            self.assertEqual(got.stride(), ref.stride(), msg=msg)
+            self.assertEqual(got, ref, msg=msg)
+            got.sum().backward()
+            ref.sum().backward()
+            self.assertEqual(x_c.grad, x.grad, msg=msg, atol=1e-4, rtol=1e-4)
+            self.assertEqual(w_c.grad, w_e.grad, msg=msg, atol=1e-4, rtol=1e-4)
+        self.assertEqual(counter.frame_count, 1)
+
+    def _train_3d(self, module, dtype, sizes, channels_last_weight=False, threads=None):
+        # training steps of a 3-d convolution over a channels_last_3d input whose batch is
+        # unbacked, compiled once by Inductor: output, input and weight gradients as eager's.
+        # The CPU kernel that runs depends on the batch and dtype (oneDNN returns
+        # channels_last_3d where the input or weight suggests it, the slow 3d kernels return
+        # contiguous), so Inductor gives the kernel contiguous inputs and returns a
+        # contiguous output, where eager's is channels_last_3d at some sizes (stock and
+        # 2.15.0 alike): that output's strides are not compared.
+        torch.manual_seed(0)
+        m = module.to(dtype)
+        if channels_last_weight:
+            m = m.to(memory_format=torch.channels_last_3d)
+
+        def step(module, x):
+            out = module(x)
+            out.sum().backward()
+            return out
+
+        torch._dynamo.reset()
+        counter = CompileCounterWithBackend("inductor")
+        compiled = torch.compile(m, backend=counter, fullgraph=True)
+        old_threads = torch.get_num_threads()
+        try:
+            if threads:
+                torch.set_num_threads(threads)
+            for n in sizes:
+                msg = f"{module} {dtype} n={n}"
+                x = torch.randn(n, 2, 5, 6, 3, dtype=dtype).contiguous(
+                    memory_format=torch.channels_last_3d)
+                x_c = x.clone().requires_grad_()
+                x.requires_grad_()
+                torch._dynamo.decorators.mark_unbacked(x_c, 0)
+                m.zero_grad()
+                with _no_graph_caches():
+                    got = step(compiled, x_c)
+                got_w = m.weight.grad.clone()
+                m.zero_grad()
+                ref = step(m, x)
+                self.assertEqual(got.dtype, ref.dtype, msg=msg)
+                self.assertEqual(got.shape, ref.shape, msg=msg)
+                self.assertEqual(got, ref, msg=msg, atol=1e-4, rtol=1e-4)
+                self.assertEqual(x_c.grad, x.grad, msg=msg, atol=1e-4, rtol=1e-4)
+                self.assertEqual(got_w, m.weight.grad, msg=msg, atol=1e-3, rtol=1e-4)
+        finally:
+            torch.set_num_threads(old_threads)
+        self.assertEqual(counter.frame_count, 1)  # one graph serves all
+
+    def test_conv3d_training_steps_channels_last_input(self):
+        # stock runs these; a fake backward that called its outputs channels_last_3d for
+        # the unbacked batch failed Inductor's stride check where the slow 3d kernel runs:
+        # float32 at a batch of 1, float64 at every batch, 1x1x1 kernels on one thread
+        self._train_3d(torch.nn.Conv3d(2, 4, 3, padding=1), torch.float32, (3, 1, 2, 5))
+        self._train_3d(torch.nn.Conv3d(2, 4, 3, padding=1), torch.float64, (3, 1, 2))
+        self._train_3d(torch.nn.ConvTranspose3d(2, 4, 3, padding=1), torch.float32, (3, 1))
+        self._train_3d(torch.nn.Conv3d(2, 4, 1), torch.float32, (3, 1), threads=1)
+
+    def test_conv3d_channels_last_weight_training_steps(self):
+        # a model converted to channels_last_3d: the backward's layout follows the weight's
+        # too, which Inductor now gives the kernel in the order it declares (stock and
+        # 2.15.0 fail the stride check wherever the slow 3d kernel runs)
+        for dtype, sizes in ((torch.float64, (3, 1)), (torch.float32, (3, 1, 2))):
+            self._train_3d(torch.nn.Conv3d(2, 4, 3, padding=1), dtype, sizes,
+                           channels_last_weight=True)
+
 
 class TestTensorSplitUnbacked(TestCase):
     """tensor_split into a number of sections over an unbacked size: the kernel gave the
@@ -1174,6 +1287,19 @@ class TestTensorSplitUnbacked(TestCase):
             self.assertEqual(got.stride(), ref.stride())
             self.assertEqual(got.storage_offset(), ref.storage_offset())
             self.assertEqual(got, ref)
+
+    def test_backed_sizes_take_the_kernel(self):
+        # where no size is unbacked, the C++ kernel runs as on stock: its guards answered by
+        # hints (here size % 4 == 2), no sym_min per section, one graph per remainder
+        for fn in (lambda t: torch.tensor_split(t, 4), lambda t: torch.vsplit(t, 2)):
+            gm = make_fx(fn, tracing_mode="symbolic")(torch.randn(10, 3))
+            self.assertNotIn("sym_min", gm.code)
+            guards = [str(g.expr) for g in gm.shape_env.guards]
+            self.assertTrue([g for g in guards if "Mod" in g], msg=str(guards))
+            for n in (10, 2, 14):
+                x = torch.randn(n, 3)
+                for got, ref in zip(gm(x), fn(x), strict=True):
+                    self.assertEqual(got, ref)
 
 
 if __name__ == "__main__":

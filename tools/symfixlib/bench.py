@@ -24,6 +24,7 @@ from .series import ROOT, Series
 
 WORKLOAD = ROOT / "test" / "distributed" / "bench_graph_trainer.py"
 SDPA_UNDER_MODE = ROOT / "test" / "bench_sdpa_dispatch_mode.py"
+TENSOR_SPLIT = ROOT / "test" / "bench_tensor_split_backed.py"
 
 
 def settle() -> None:
@@ -165,6 +166,19 @@ def report(args) -> int:
                           ("after_trace_us", "after an unbacked trace")):
             print(f"  {what:24} stock {sdpa[0][key]:6.1f}   patched {sdpa[1][key]:6.1f}   "
                   f"{sdpa[1][key] / sdpa[0][key]:5.2f}x (goal: within 1.05x)")
+    split = [workload(envs.python_of(env), script=TENSOR_SPLIT)
+             for env in (ROOT / ".symfix" / "stock", patched.VENV)]
+    print("\ntensor_split(x, 64) over a backed size (test/bench_tensor_split_backed.py), medians")
+    if any(isinstance(r, str) for r in split):
+        print(f"  not measured: {next(r for r in split if isinstance(r, str))}")
+    else:
+        for backend in ("aot_eager", "inductor"):
+            st, ours = split[0][backend], split[1][backend]
+            print(f"  {backend:9} compile  stock {st['compile_s']:6.2f} s   patched "
+                  f"{ours['compile_s']:6.2f} s   {ours['compile_s'] / st['compile_s']:5.2f}x "
+                  "(goal: <= 1.1x)")
+            print(f"  {backend:9} call     stock {st['call_us']:6.1f} µs  patched "
+                  f"{ours['call_us']:6.1f} µs  {ours['call_us'] / st['call_us']:5.2f}x")
     stock = workload(envs.python_of(ROOT / ".symfix" / "stock"), "--static-only")
     ours = workload(envs.python_of(patched.VENV))
     print("\ngraph trainer step (test/distributed/bench_graph_trainer.py): medians; steps of the "
