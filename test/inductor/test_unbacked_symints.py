@@ -675,14 +675,20 @@ class TestBatchNormUnbackedNumel(TestCase):
     def eval(x, w, b, mean, var):
         return F.batch_norm(x @ x.new_ones(5, 5).triu(), mean, var, w, b, training=False) * 2
 
-    def _replay(self, step, mode, requires_grad, sizes, backend="inductor"):
+    @staticmethod
+    def train_any_count(x, w, b, mean, var):
+        # torch.batch_norm has no Python check of the count: at one value per channel the
+        # kernel divides by n - 1 = 0 for the running variance (NaN), at none by n
+        return torch.batch_norm(x, w, b, mean, var, True, 0.1, 1e-5, False) * 2
+
+    def _replay(self, step, mode, requires_grad, sizes, backend="inductor", shape=(4, 5)):
         # one compile, replayed at each size against eager: output (values, dtype, strides,
         # requires_grad), running stats after the step, gradients
         torch._dynamo.reset()
         counter = CompileCounterWithBackend(backend)
         compiled = torch.compile(step, backend=counter, fullgraph=True)
         for n in sizes:
-            x = torch.randn(n, 4, 5)
+            x = torch.randn(n, *shape)
             params = [torch.randn(4), torch.randn(4), torch.randn(4), torch.rand(4) + 0.5]
             ref_args = [x.clone().requires_grad_(requires_grad),
                         *(p.clone().requires_grad_(requires_grad and i < 2)
@@ -717,8 +723,17 @@ class TestBatchNormUnbackedNumel(TestCase):
 
     def test_empty_batch_keeps_running_stats_aot_eager(self):
         # the graph runs ATen kernels: the CPU batch norm kernel refuses an empty input, so
-        # the graph must not call it there (no grad: the backward of var divides by n)
+        # the graph must not call it there
         self._replay(self.train, torch.no_grad, False, (3, 0, 2), backend="aot_eager")
+
+    def test_empty_and_single_counts_with_grad(self):
+        # forward and backward at batches 0 and 1 of one spatial element (one value per
+        # channel): the graph computes the kernel's NaN and inf, where it divided Python
+        # floats by zero (var_mean's derivative, n / (n - 1) for the running variance)
+        for backend in ("aot_eager", "inductor"):
+            with self.subTest(backend=backend):
+                self._replay(self.train_any_count, contextlib.nullcontext, True, (3, 0, 1, 2),
+                             backend=backend, shape=(4, 1, 1))
 
     def test_static_sizes_keep_the_kernel(self):
         # where the size is known the trace is the kernel's as before (native_batch_norm),
