@@ -8,6 +8,9 @@ from torch._dynamo.decorators import mark_unbacked
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor._dtensor_spec import DTensorSpec
+from torch.distributed.tensor._ops.utils import is_tensor_shardable
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.testing._internal.common_utils import run_tests, TestCase
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -173,6 +176,52 @@ class TestDTensorSeqShardUnbackedHints(TestCase):
         x, compiled_in = self._seq_sharded(4, 8, batch_hint=4)
         compiled = torch.compile(self._tokens_step, backend="aot_eager", fullgraph=True)
         self.assertEqual(compiled(compiled_in), self._tokens_step(x))
+
+
+class TestShardableHintPolicyRecordsNoCheck(TestCase):
+    """
+    is_tensor_shardable's hint policy: an unbacked size whose hint is at least
+    the number of shards lets a strategy shard it. A caller that allows
+    zero-size shards (allow_unbacked_sharding=True, as mm's strategies) is
+    correct at every size, so considering that strategy records no runtime
+    check: one recorded there refused a batch of 1 on 2 ranks even where
+    another strategy was chosen. Fake process group, world size 2.
+    """
+
+    def setUp(self):
+        super().setUp()
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+        self.mesh = init_device_mesh("cpu", (2,))
+
+    def tearDown(self):
+        dist.destroy_process_group()
+        super().tearDown()
+
+    def _recorded_checks(self, allow_unbacked_sharding, hint=4):
+        shape_env = ShapeEnv()
+        batch = shape_env.create_unbacked_symint()
+        shape_env.var_to_hint_override[batch.node.expr] = hint
+        shardable = is_tensor_shardable(
+            (batch, 8),
+            DTensorSpec(self.mesh, (Shard(0),)),
+            allow_unbacked_sharding=allow_unbacked_sharding,
+        )
+        checks = [
+            str(ra.expr)
+            for ras in shape_env.deferred_runtime_asserts.values()
+            for ra in ras
+        ]
+        return shardable, checks
+
+    def test_zero_size_shards_allowed_record_no_check(self):
+        self.assertEqual(self._recorded_checks(True), (True, []))
+
+    def test_zero_size_shards_not_allowed_keep_the_check(self):
+        # the strategy is used only where the size reaches the bound: checked at run time
+        for allow in (None, False):
+            self.assertEqual(self._recorded_checks(allow), (True, ["2 <= u0"]))
+        # a hint below the bound declines, with nothing recorded
+        self.assertEqual(self._recorded_checks(False, hint=1), (False, []))
 
 
 if __name__ == "__main__":
