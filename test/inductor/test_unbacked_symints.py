@@ -1,5 +1,6 @@
 # Owner(s): ["module: inductor"]
 import contextlib
+import copy
 import os
 
 import sympy
@@ -751,6 +752,50 @@ class TestBatchNormUnbackedNumel(TestCase):
         self.assertEqual(norm(*empty).shape, (0, 4, 5))
         self.assertEqual(empty[3:], [torch.zeros(4), torch.ones(4)])
 
+
+class TestInstanceNormUnbackedBatch(TestCase):
+    """instance_norm with affine weights over an unbacked batch (issue 46): the kernel repeats
+    the weight and bias once per instance, and repeat's derivative guarded Eq(u0, 0)."""
+
+    def _replay(self, backend, track_running_stats):
+        torch.manual_seed(0)
+        ref_m = torch.nn.InstanceNorm2d(3, affine=True, track_running_stats=track_running_stats)
+        got_m = copy.deepcopy(ref_m)
+        torch._dynamo.reset()
+        counter = CompileCounterWithBackend(backend)
+        compiled = torch.compile(got_m, backend=counter, fullgraph=True)
+        for n in (3, 1, 2, 17):
+            x = torch.randn(n, 3, 4, 5, requires_grad=True)
+            x_c = x.detach().clone().requires_grad_()
+            torch._dynamo.decorators.mark_unbacked(x_c, 0)
+            with _no_graph_caches():
+                got = compiled(x_c)
+            ref = ref_m(x)
+            msg = f"{backend} n={n}"
+            self.assertEqual(got, ref, msg=msg, atol=1e-5, rtol=1e-5)
+            self.assertEqual(got.stride(), ref.stride(), msg=msg)
+            (got * got).sum().backward()
+            (ref * ref).sum().backward()
+            self.assertEqual(x_c.grad, x.grad, msg=msg, atol=1e-4, rtol=1e-4)
+            for name in ("weight", "bias"):
+                self.assertEqual(getattr(got_m, name).grad, getattr(ref_m, name).grad,
+                                 msg=f"{msg} {name}", atol=1e-4, rtol=1e-4)
+            self.assertEqual(list(got_m.buffers()), list(ref_m.buffers()), msg=msg)
+        self.assertEqual(counter.frame_count, 1)
+        # an empty batch: eager's kernel indexes the repeated (empty) weight and raises
+        # IndexError; the graph refuses it at run time
+        x = torch.randn(0, 3, 4, 5)
+        with self.assertRaises(IndexError):
+            ref_m(x)
+        torch._dynamo.decorators.mark_unbacked(x, 0)
+        with self.assertRaisesRegex(RuntimeError, r"Ne\(u0, 0\)"):
+            compiled(x)
+
+    def test_affine_training_steps_match_eager(self):
+        for backend in ("aot_eager", "inductor"):
+            for track in (False, True):
+                with self.subTest(backend=backend, track_running_stats=track):
+                    self._replay(backend, track)
 
 class TestUnfoldUnbacked(TestCase):
     """unfold over unbacked dims (issue 28 item 4): the lowering asked a hint only to decide
