@@ -791,6 +791,25 @@ class TestInstanceNormUnbackedBatch(TestCase):
         with self.assertRaisesRegex(RuntimeError, r"Ne\(u0, 0\)"):
             compiled(x)
 
+    def test_running_stats_at_an_empty_batch(self):
+        # no affine weights: an empty batch runs in eager. Training averages NaN into the
+        # running stats, as eager does (the count per channel was divided by N * C = 0 as a
+        # float); eval leaves them alone (the graph wrote their NaN average back)
+        for training in (True, False):
+            with self.subTest(training=training):
+                torch.manual_seed(0)
+                ref_m = torch.nn.InstanceNorm2d(3, track_running_stats=True).train(training)
+                got_m = copy.deepcopy(ref_m)
+                torch._dynamo.reset()
+                compiled = torch.compile(got_m, backend="aot_eager", fullgraph=True)
+                for n in (3, 0, 2):
+                    x = torch.randn(n, 3, 4, 5)
+                    x_c = x.clone()
+                    torch._dynamo.decorators.mark_unbacked(x_c, 0)
+                    got, ref = compiled(x_c), ref_m(x)
+                    self.assertEqual(got, ref, msg=f"n={n}", atol=1e-5, rtol=1e-5)
+                    self.assertEqual(list(got_m.buffers()), list(ref_m.buffers()), msg=f"n={n}")
+
     def test_affine_training_steps_match_eager(self):
         for backend, track in (("aot_eager", False), ("inductor", True)):
             with self.subTest(backend=backend, track_running_stats=track):
@@ -1131,13 +1150,16 @@ class TestConvUnbacked(TestCase):
         # eager's output is channels-last except at height = width = 1: Inductor refuses
         # to compile it, saying why (stock and 2.15.0 compile it and fail Inductor's stride
         # check at run time wherever the fake layout is not eager's)
-        torch._dynamo.reset()
-        x = self._one_channel_input(3, 2, 3)
-        for dim in (2, 3):
-            torch._dynamo.decorators.mark_unbacked(x, dim)
-        compiled = torch.compile(self.one_channel, backend="inductor", fullgraph=True)
-        with _no_graph_caches(), self.assertRaisesRegex(Exception, "Mark a spatial dim"):
-            compiled(x, torch.randn(4, 1, 1, 1))
+        # (a 3x3 weight too, which Inductor lays out channels-last: eager's is contiguous)
+        for weight, dims in (((4, 1, 1, 1), (2, 3)), ((4, 1, 3, 3), (0, 2, 3))):
+            with self.subTest(weight=weight, dims=dims):
+                torch._dynamo.reset()
+                x = self._one_channel_input(3, 2, 3)
+                for dim in dims:
+                    torch._dynamo.decorators.mark_unbacked(x, dim)
+                compiled = torch.compile(self.one_channel, backend="inductor", fullgraph=True)
+                with _no_graph_caches(), self.assertRaisesRegex(Exception, "Mark a spatial dim"):
+                    compiled(x, torch.randn(weight))
 
     def test_one_channel_min_two_matches_eager(self):
         # a height of at least 2 decides the layout: one graph serves every size, forward

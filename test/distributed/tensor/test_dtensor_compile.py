@@ -1472,51 +1472,6 @@ class TestDTensorToLocalBackwardUnevenShardGloo(TestCase):
 
 _GLOO_RANK_RUN = "__gloo_rank__"  # __name__ of this file run as one gloo rank
 
-class TestDTensorLocalTensorMarkedUnbacked(_FakeWorldTestCase):
-    """
-    A DTensor input whose local tensor alone is marked unbacked has a global
-    size fixed at the trace's: its compiled graph returned that global size at
-    every other size (stock too). The capture now refuses it, saying to mark
-    the DTensor itself, which serves every size with one graph.
-    """
-
-    @staticmethod
-    def _step(x):
-        return (x * 2).sin()
-
-    def _dtensor(self, batch):
-        local = torch.randn(batch, 4)
-        return DTensor.from_local(local, self.mesh, [Shard(0)], run_check=False)
-
-    def test_local_tensor_marked_alone_is_refused(self):
-        for backend in ("aot_eager", "inductor"):
-            with self.subTest(backend=backend):
-                torch._dynamo.reset()
-                x = self._dtensor(3)
-                mark_unbacked(x._local_tensor, 0)
-                compiled = torch.compile(self._step, backend=backend, fullgraph=True)
-                with self.assertRaisesRegex(Exception, "Mark the DTensor itself"):
-                    compiled(x)
-
-    def test_dtensor_marked_serves_every_size(self):
-        for backend in ("aot_eager", "inductor"):
-            with self.subTest(backend=backend):
-                torch._dynamo.reset()
-                counter = CompileCounterWithBackend(backend)
-                compiled = torch.compile(self._step, backend=counter, fullgraph=True)
-                for batch in (3, 5, 1):
-                    x = self._dtensor(batch)
-                    x_c = DTensor.from_local(
-                        x.to_local().clone(), self.mesh, [Shard(0)], run_check=False
-                    )
-                    mark_unbacked(x_c, 0)
-                    got, ref = compiled(x_c), self._step(x)
-                    self.assertEqual(got.shape, ref.shape)
-                    self.assertEqual(got.placements, ref.placements)
-                    self.assertEqual(got.to_local(), ref.to_local())
-                self.assertEqual(counter.frame_count, 1)
-
-
 if __name__ == "__main__":
     run_tests()
 elif __name__ == _GLOO_RANK_RUN:
