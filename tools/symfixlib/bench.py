@@ -131,6 +131,13 @@ def workload(python: Path, *args: str, script: Path = WORKLOAD) -> dict | str:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def stock_and_patched(script: Path) -> list[dict] | str:
+    """A benchmark script's JSON in the stock and the patched environment, or why there is none."""
+    runs = [workload(envs.python_of(env), script=script)
+            for env in (ROOT / ".symfix" / "stock", patched.VENV)]
+    return next((r for r in runs if isinstance(r, str)), runs)
+
+
 def report(args) -> int:
     """`symfix.py bench`: every speed goal as a ratio."""
     s = patched.load_series(args)
@@ -156,21 +163,19 @@ def report(args) -> int:
           f"(goal: under 1 s)")
     print(f"  `test` (matrix + test/, no --upstream)        {m['test']:7.1f} s   "
           f"{m['test'] / 300:5.2f}x the 5 minutes of symfix14's serial run (goal: 0.5x)")
-    sdpa = [workload(envs.python_of(env), script=SDPA_UNDER_MODE)
-            for env in (ROOT / ".symfix" / "stock", patched.VENV)]
+    sdpa = stock_and_patched(SDPA_UNDER_MODE)
     print("\nSDPA under a no-op dispatch mode (test/bench_sdpa_dispatch_mode.py), µs per call")
-    if any(isinstance(r, str) for r in sdpa):
-        print(f"  not measured: {next(r for r in sdpa if isinstance(r, str))}")
+    if isinstance(sdpa, str):
+        print(f"  not measured: {sdpa}")
     else:
         for key, what in (("plain_us", "nothing traced"),
                           ("after_trace_us", "after an unbacked trace")):
             print(f"  {what:24} stock {sdpa[0][key]:6.1f}   patched {sdpa[1][key]:6.1f}   "
                   f"{sdpa[1][key] / sdpa[0][key]:5.2f}x (goal: within 1.05x)")
-    split = [workload(envs.python_of(env), script=TENSOR_SPLIT)
-             for env in (ROOT / ".symfix" / "stock", patched.VENV)]
+    split = stock_and_patched(TENSOR_SPLIT)
     print("\ntensor_split(x, 64) over a backed size (test/bench_tensor_split_backed.py), medians")
-    if any(isinstance(r, str) for r in split):
-        print(f"  not measured: {next(r for r in split if isinstance(r, str))}")
+    if isinstance(split, str):
+        print(f"  not measured: {split}")
     else:
         for backend in ("aot_eager", "inductor"):
             st, ours = split[0][backend], split[1][backend]
