@@ -502,19 +502,33 @@ class TestRebaseOnto(TestCase):
         verdict = export.rebase_check(SERIES, src)[SERIES.patches[0].name]
         self.assertRegex(verdict, f"^conflicts: {path}")
 
-    def test_upstream_has_every_backport(self):
+    def test_backport_and_original_on_upstream(self):
+        # One backport (its tests pass upstream) and one fix of ours that upstream lacks: the
+        # matrix's upstream column judges every fix this way, this runs the command that tells
+        # a release engineer which patches to drop when moving the series forward.
         python = os.environ.get("SYMFIX_UPSTREAM_PYTHON")
         if not python:
             self.skipTest("needs the upstream torch: run `python3 tools/symfix.py test --upstream`")
         site = subprocess.run([python, "-c", "import os, torch; print(os.path.dirname("
                                "os.path.dirname(torch.__file__)))"],
                               capture_output=True, text=True, check=True).stdout.strip()
-        proc = symfix("status", "--rebase-onto", site, "--python", python)
+        backport, ours = (next(f for f in SERIES.fixes if f.id == name) for name in (
+            "meta-replication-pad2d-sym-or", "decomp-instance-norm-unbacked-batch"))
+        self.assertEqual((backport.status, ours.status, ours.released), ("patch", "original", None))
+        proc = symfix("status", "--rebase-onto", site, "--python", python,
+                      "--fix", backport.id, "--fix", ours.id)
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        for patch in SERIES.patches:
-            if SERIES.fix_for(patch).status == "patch":
-                self.assertRegex(proc.stdout, f"{patch.name} +already upstream")
+        lines = [ln.split() for ln in proc.stdout.splitlines() if ln.startswith("  0")]
+        self.assertEqual([(ln[0], " ".join(ln[1:3])) for ln in lines],
+                         [(p.name, "already upstream") if SERIES.fix_for(p) is backport
+                          else (p.name, "applies") for p in SERIES.patches
+                          if SERIES.fix_for(p) in (backport, ours)])
 
+    def test_unknown_fix_is_one_line(self):
+        proc = symfix("status", "--rebase-onto", str(ROOT), "--no-tests", "--fix", "no-such-fix")
+        self.assertEqual(proc.returncode, 2)
+        self.assertEqual(proc.stderr.strip().count("\n"), 0, proc.stderr)
+        self.assertIn("--fix no-such-fix: no such fix", proc.stderr)
 
 if __name__ == "__main__":
     run_tests()

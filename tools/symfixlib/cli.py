@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="forward-port check: does each patch apply to / is it in that torch?")
     st.add_argument("--no-tests", action="store_true", help="with --rebase-onto: verdicts from "
                     "applying alone, no environment made for that torch")
+    st.add_argument("--fix", action="append", metavar="ID", help="with --rebase-onto: only "
+                    "this fix's patches and tests (repeatable; default: the whole series)")
     wt = sub.add_parser("worktree", help="git repo of the base Python files + the series, to "
                         "write a patch in")
     wt.add_argument("dir")

@@ -373,21 +373,25 @@ def rebase_status(args) -> int:
     """`symfix.py status --rebase-onto`: does each patch apply to, or is it in, that torch?"""
     s = patched.load_series()
     target = rebase_target(Path(args.rebase_onto).resolve())
+    if unknown := set(args.fix or ()) - {fix.id for fix in s.fixes}:
+        raise Refused(f"--fix {', '.join(sorted(unknown))}: no such fix in {s.base['tag']}'s "
+                      "manifest")
+    chosen = [p for p in s.patches if not args.fix or s.fix_for(p).id in args.fix]
     step = Step("rebase")
-    verdicts = rebase_check(s, target)
+    verdicts = rebase_check(s, target)  # the whole series: a patch may need the ones before it
     python, why_not = (None, "--no-tests") if args.no_tests else \
         rebase_python(target, args.python)
     outcomes = {}
     if python:
         log = ROOT / ".symfix" / "logs" / "rebase.log"
-        outcomes = matrix.run_tests(python, [t for p in s.patches for t in s.fix_for(p).tests],
+        outcomes = matrix.run_tests(python, [t for p in chosen for t in s.fix_for(p).tests],
                                     log).outcomes
         if all(v == "missing" for v in outcomes.values()):
             python, why_not = None, f"none ran with {python}, see {rel(log)}"
-    step.done(f"{target.name}: {len(s.patches)} patches checked"
+    step.done(f"{target.name}: {len(chosen)} patches checked"
               + (f", tests run with {python}" if python
                  else f"; tests not run ({why_not}): verdicts from applying alone"))
-    for patch in s.patches:
+    for patch in chosen:
         fix = s.fix_for(patch)
         upstream = fix.proof and all(outcomes.get(t) == matrix.PASS for t in fix.tests)
         verdict = ("already upstream (its tests pass there): drop it" if upstream
