@@ -649,5 +649,48 @@ class TestSymExprProxyNaryModes(TestCase):
                         self.assertEqual(w_g.grad, w.grad, msg=msg)
 
 
+class TestMakeFxRuntimeAsserts(TestCase):
+    """A make_fx capture runs no check of the ShapeEnv's facts (torch._check, the marks' ranges)
+    until the caller inserts them: upstream's insert_deferred_runtime_asserts, then
+    gm.recompile() (the pass edits the graph, not the module's code). The graph trainer workload
+    (test/distributed/_graph_trainer_model.py) does this; docs/audit.md tells users to."""
+
+    @staticmethod
+    def capture():
+        from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+        def step(x):
+            torch._check(x.size(0) != 7)
+            return x.sum(0) / x.size(0)
+
+        example = torch.randn(5, 3)
+        torch._dynamo.decorators.mark_unbacked(example, 0, min=2, max=100)
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        ctx = StatelessSymbolicContext(
+            dynamic_sizes=[DimDynamic.UNBACKED, DimDynamic.STATIC],
+            unbacked_bounds=example._dynamo_unbacked_bounds,
+        )
+        fake = fake_mode.from_tensor(
+            example, source=LocalSource("x", is_input=True), symbolic_context=ctx
+        )
+        with fake_mode:
+            gm = make_fx(step)(fake)
+        return gm, fake_mode.shape_env, step
+
+    def test_inserted_asserts_refuse_what_the_trace_assumed(self):
+        from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+
+        gm, shape_env, step = self.capture()
+        self.assertEqual(gm(torch.ones(7, 3)), torch.ones(3))  # nothing checked yet
+        insert_deferred_runtime_asserts(gm, shape_env, "step")
+        gm.recompile()
+        for n in (7, 1, 101):
+            with self.assertRaisesRegex(RuntimeError, "Runtime assertion failed"):
+                gm(torch.randn(n, 3))
+        for n in (2, 5, 100):
+            x = torch.randn(n, 3)
+            self.assertEqual(gm(x), step(x))
+
+
 if __name__ == "__main__":
     run_tests()
