@@ -2,6 +2,7 @@
 """Tests of `tools/symfix.py test`'s schedule: the matrix's patched column is read from whichever
 of the suite's shards ran each test; an interrupt stops the jobs."""
 
+import json
 import math
 import shutil
 import signal
@@ -19,7 +20,7 @@ from torch.testing._internal.common_utils import run_tests, TestCase
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from symfixlib import children, matrix, series  # noqa: E402
+from symfixlib import children, envs, matrix, series  # noqa: E402
 
 SERIES = series.load()
 # the logs of the control jobs `test` runs: each in-base fix with a control and tests
@@ -218,6 +219,57 @@ class TestInterrupt(TestCase):
         with self.assertRaises(KeyboardInterrupt):
             self.sleeping_job()
         self.assertStopped()
+
+
+class TestOutcomeCache(TestCase):
+    """An official wheel's outcomes are kept for the next run of the same tests by the same
+    torch with the same environment variables; a patched build's never are."""
+
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="symfix-cache-test-", dir=ROOT / ".symfix"))
+        self.addCleanup(shutil.rmtree, self.tmp)
+        self.ran = self.tmp / "ran"
+        (self.tmp / "test_counted.py").write_text(textwrap.dedent(f"""
+            import pathlib
+            def test_counted():
+                with open({str(self.ran)!r}, "a") as f:
+                    f.write("ran\\n")
+                assert False
+            """))
+        self.test_id = f"{(self.tmp / 'test_counted.py').relative_to(ROOT)}::test_counted"
+        patcher = mock.patch.object(matrix, "OUTCOMES", self.tmp / "outcomes")
+        patcher.start()
+        self.addCleanup(patcher.stop)
+
+    def env(self, name: str, torch_version: str) -> Path:
+        env = self.tmp / name
+        (env / "bin").mkdir(parents=True)
+        (env / "bin" / "python").symlink_to(sys.executable)
+        version = env / "lib" / "python3" / "site-packages" / "torch" / "version.py"
+        version.parent.mkdir(parents=True)
+        version.write_text(f"__version__ = {torch_version!r}\n")
+        (env / envs.MARKER).write_text(json.dumps(
+            {"python": sys.executable, "requirements": [], "torch_version": torch_version}))
+        return env / "bin" / "python"
+
+    def runs(self, python: Path, times: int, **kw) -> list[str]:
+        outcomes = [matrix.run_tests(python, [self.test_id], self.tmp / "job.log", **kw)
+                    .outcomes[self.test_id] for _ in range(times)]
+        return outcomes
+
+    def test_official_wheel_outcome_kept(self):
+        python = self.env("stock", "2.15.0+cu132")
+        self.assertEqual(self.runs(python, 2), ["failed", "failed"])
+        self.assertEqual(self.ran.read_text().count("ran"), 1)
+        self.assertIn("outcomes from", (self.tmp / "job.log").read_text())
+        # another switch of the tests (the Triton path) is another run
+        self.assertEqual(self.runs(python, 1, extra_env=matrix.TRITON_ENV), ["failed"])
+        self.assertEqual(self.ran.read_text().count("ran"), 2)
+
+    def test_patched_build_never_kept(self):
+        python = self.env("patched", "2.15.0+cu132.symfix29")
+        self.assertEqual(self.runs(python, 2), ["failed", "failed"])
+        self.assertEqual(self.ran.read_text().count("ran"), 2)
 
 
 if __name__ == "__main__":

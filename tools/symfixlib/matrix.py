@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import math
 import os
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from . import children
+from . import children, envs
 from .series import bases, Fix, ROOT, Series
 
 PASS, FAIL = "passed", "failed"
@@ -77,6 +79,37 @@ TRITON = "+triton"
 TRITON_ENV = {"SYMFIX_INDUCTOR": "triton"}
 
 
+# A test's outcome on an official wheel does not change while the tests do not. In one CI run the
+# 2.14.1 matrix's oracle and the 2.15.0 matrix's stock column are the torch 2.15.0 on which the
+# 2.13.0 matrix's oracle has already run most of the same tests: each such outcome is kept, keyed
+# by the torch (its version.py), the interpreter and requirements, the run's environment
+# variables and a digest of everything of this repository the tests read (test/, tools/,
+# patches/, torch/). Patched builds are never cached: their label does not say which mails they
+# carry. A cached failure's traceback is in the log of the run that kept it.
+OUTCOMES = ROOT / ".symfix" / "cache" / "outcomes"
+CACHED = ("passed", "failed", "skipped")
+
+
+@functools.cache
+def tree_digest() -> str:
+    h = hashlib.sha256()
+    files = (f for d in ("test", "tools", "patches", "torch") for f in (ROOT / d).rglob("*"))
+    for f in sorted(f for f in files if f.is_file() and "__pycache__" not in f.parts):
+        h.update(f"{f.relative_to(ROOT)}\0".encode() + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def outcome_cache(python: Path, env: dict[str, str]) -> Path | None:
+    """Where the outcomes of tests run by ``python`` with ``env`` are kept; None: not kept."""
+    info = envs.installed(python.parent.parent)
+    version = next(python.parent.parent.glob("lib/python*/site-packages/torch/version.py"), None)
+    if info is None or version is None or "symfix" in info.get("torch_version", "symfix"):
+        return None
+    key = json.dumps([version.read_text(), info["python"], info["requirements"],
+                      sorted(env.items()), tree_digest()])
+    return OUTCOMES / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
 def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None = None,
               suite: list[str] | None = None, extra_env: dict[str, str] | None = None,
               overlay: Path | None = None) -> Run:
@@ -87,10 +120,21 @@ def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None 
     ``test_ids`` in it). ``overlay``: a directory put first on PYTHONPATH (`symfix.py audit`'s
     patched torch).
     """
+    cache = None if suite or overlay else outcome_cache(
+        python, {**(extra_env or {}), **({"SYMFIX_CONTROL": control} if control else {})})
+    try:
+        known = json.loads(cache.read_text()) if cache else {}
+    except (OSError, ValueError):  # none yet
+        known = {}
+    all_ids, test_ids = test_ids, [t for t in test_ids if t not in known]
     files = suite or sorted(
         {t.split("::")[0] for t in test_ids if (ROOT / t.split("::")[0]).is_file()})
     outcomes: dict[str, str] = {}
     rc, summary = 5, "no test file"
+    if known and not test_ids:
+        rc, summary = 0, f"{len(all_ids)} outcomes from {cache.relative_to(ROOT)} in 0.0s"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(summary + "\n")
     if files:
         with tempfile.TemporaryDirectory(prefix="symfix-matrix-") as tmp:
             wanted, result = Path(tmp, "wanted.json"), Path(tmp, "outcomes.json")
@@ -111,7 +155,14 @@ def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None 
             if result.exists():
                 outcomes = json.loads(result.read_text())
             summary = (log.read_text().strip().splitlines() or ["no output"])[-1].strip("= ")
-    return Run({t: outcomes.get(t, "missing") for t in test_ids}, rc, summary, log)
+    if cache:
+        known |= {t: o for t in test_ids if (o := outcomes.get(t)) in CACHED}
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        part = cache.with_suffix(".part")
+        part.write_text(json.dumps(known, indent=1, sort_keys=True))
+        part.replace(cache)  # whole or not at all
+    outcomes = known | outcomes
+    return Run({t: outcomes.get(t, "missing") for t in all_ids}, rc, summary, log)
 
 
 def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, str],
