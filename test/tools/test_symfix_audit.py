@@ -109,11 +109,14 @@ class TestAuditOnPatched(TestCase):
                                       text=True, timeout=600)
                 self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
                 self.assertIn("clean: the step traces", proc.stdout)
+                # the marks' min=1 (and the ops' own checks) become the graph's assertions
+                self.assertRegex(proc.stdout, r"runtime asserts: [1-9]\d* facts")
 
     def test_tools_audit_clean_exit_0(self):
         proc = symfix("audit", f"{STEPS}:flex_step_target")
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         self.assertIn("clean: the step traces", proc.stdout)
+        self.assertRegex(proc.stdout, r"runtime asserts: [1-9]\d* facts")
 
 
 class TestAuditBadInput(TestCase):

@@ -332,6 +332,8 @@ def audit(series: Series, target: str, python: Path, repro_dir: Path, tests: boo
             print(eng.format_finding(n, f, text))
         if not found:
             print("clean: the step traces with its unbacked sizes symbolic.")
+            if (n := runs[-1][1].get("runtime_asserts")) is not None:
+                print(eng.RUNTIME_ASSERTS.format(n=n))
         else:
             ids = [series.fix_for(p).id for p in applied if any(q is p for _, _, q in found)]
             print(f"{n_total} problem(s) found; symfix fixes this step needs: "

@@ -349,8 +349,10 @@ def capture(fn, args, target_dir: str) -> dict:
     for ev in events:
         findings.append(_event_finding(ev["kind"], ev["expr"], ev["stack"], target_dir))
     findings += _guard_findings(fake_mode.shape_env, target_dir)
+    asserts = None
     if gm is not None:
         findings += _raw_symint_findings(gm, target_dir)
+        asserts = runtime_asserts(gm, fake_mode.shape_env)
     for w in caught:
         if "passed as argument to Graph.create_node" in str(w.message):
             findings.append({"kind": "raw SymInt in graph", "expr": str(w.message)[:200],
@@ -365,8 +367,26 @@ def capture(fn, args, target_dir: str) -> dict:
         "traced": gm is not None,
         "unbacked_inputs": inputs,
         "graph_nodes": len(gm.graph.nodes) if gm is not None else None,
+        "runtime_asserts": asserts,
         "findings": _dedup(findings),
     }
+
+
+def runtime_asserts(gm, shape_env) -> int:
+    """What a graph trainer must do before it runs a make_fx capture, done: the facts the trace
+    relied on (torch._check, the marks' min and max, PyTorch's own checks on the sizes) become
+    assertions in the graph (upstream's pass), and the module runs the new graph (recompile).
+    Returns how many the graph checks."""
+    import torch
+    from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+
+    insert_deferred_runtime_asserts(gm, shape_env, "audit")
+    gm.recompile()
+    return len(gm.graph.find_nodes(op="call_function", target=torch.ops.aten._assert_scalar.default))
+
+
+RUNTIME_ASSERTS = ("runtime asserts: {n} facts of the trace checked when the graph runs "
+                   "(insert_deferred_runtime_asserts, then recompile: docs/audit.md)")
 
 
 def _dedup(findings: list[dict]) -> list[dict]:
@@ -474,6 +494,8 @@ def report(result: dict, remedies: list[str], header: str) -> str:
         lines.append(f"{len(result['findings'])} problem(s) found.")
     else:
         lines.append("clean: the step traces with its unbacked sizes symbolic.")
+    if result.get("runtime_asserts") is not None:
+        lines.append(RUNTIME_ASSERTS.format(n=result["runtime_asserts"]))
     return "\n".join(lines)
 
 

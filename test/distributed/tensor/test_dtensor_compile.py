@@ -978,6 +978,41 @@ class TestDTensorViewInputUnbacked(_FakeWorldTestCase):
             self.assertIs(type(out.placements[0].split_factor), int)
 
 
+class TestDTensorLocalTensorMarkedUnbacked(_FakeWorldTestCase):
+    """mark_unbacked on a DTensor's local tensor alone leaves the DTensor's global shape static:
+    the compiled graph returned the traced global shape at every local size (issue 42, stock
+    and 2.15.0 too). Dynamo refuses to trace that input; the DTensor marked itself serves
+    every size."""
+
+    @staticmethod
+    def step(x):
+        return (x * 2).to_local().sum(0), x.shape
+
+    def _replay(self, compiled, mark):
+        for n in (3, 5, 1):
+            x = DTensor.from_local(torch.randn(n, 4), self.mesh, [Shard(0)], run_check=False)
+            mark(x)
+            got, ref = compiled(x), self.step(x)
+            self.assertEqual(tuple(got[1]), tuple(ref[1]), msg=f"local size {n}")
+            self.assertEqual(got[0], ref[0])
+
+    def test_local_tensor_marked_alone_is_refused(self):
+        # stock: one graph that says (6, 4) at local sizes 5 and 1
+        with self.assertRaisesRegex(Exception, "Mark L\\[.x.\\] itself"):
+            compiled = torch.compile(self.step, backend="aot_eager", fullgraph=True)
+            self._replay(compiled, lambda x: mark_unbacked(x._local_tensor, 0))
+        torch._dynamo.reset()
+        # without fullgraph the step runs as eager does
+        compiled = torch.compile(self.step, backend="aot_eager")
+        self._replay(compiled, lambda x: mark_unbacked(x._local_tensor, 0))
+
+    def test_dtensor_marked_serves_every_size(self):
+        counter = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(self.step, backend=counter, fullgraph=True)
+        self._replay(compiled, lambda x: mark_unbacked(x, 0))
+        self.assertEqual(counter.frame_count, 1)
+
+
 class TestDTensorStridedShardUnbacked(TestCase):
     """
     Sequence-sharded activations [B, S, D] (Shard(1)) with an unbacked batch
