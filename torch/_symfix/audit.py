@@ -382,7 +382,8 @@ def runtime_asserts(gm, shape_env) -> int:
 
     insert_deferred_runtime_asserts(gm, shape_env, "audit")
     gm.recompile()
-    return len(gm.graph.find_nodes(op="call_function", target=torch.ops.aten._assert_scalar.default))
+    assert_scalar = torch.ops.aten._assert_scalar.default
+    return len(gm.graph.find_nodes(op="call_function", target=assert_scalar))
 
 
 RUNTIME_ASSERTS = ("runtime asserts: {n} facts of the trace checked when the graph runs "
