@@ -7,7 +7,9 @@ group of 2 ranks (DTensorConverter's first and last sharding choices: all replic
 tensor sharded on its last evenly shardable dim), every size >= 2 of every DTensor marked unbacked,
 compiled with ``torch.compile(backend="eager", fullgraph=True)``, as upstream's test does: the
 compiled result's global shape and dtype must equal eager DTensor's, and its values the plain
-tensors' result (``check_op``).
+tensors' result (``check_op``). The eager backend runs DTensor's own dispatch when the graph
+runs, so this measures the capture, as upstream's test does; the strategies a capture chose are
+replayed under aot_eager by the fixes' tests (test_dtensor_ops_unbacked.py).
 
 Which ops are expected to fail is data, per base, beside the manifests:
 ``patches/<base>/dtensor_unbacked.toml``: ``[xfail]``, the ops that fail with every fix of the
