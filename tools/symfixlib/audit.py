@@ -20,7 +20,9 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from . import git, matrix
@@ -57,23 +59,45 @@ def probe(python: Path) -> dict:
 
 
 def run_engine(python: Path, target: str, overlay: Path | None = None,
-               timeout: int = 900) -> dict:
+               timeout: int = 900, extra: list[str] = (), progress=None) -> dict:
+    """The engine's JSON result for ``target`` (``extra``: its options, --replay say); the
+    engine's progress lines (``replay  ...`` on its stderr) go to ``progress`` as they come."""
     env = dict(os.environ)
     if overlay is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(overlay), *filter(None, [env.get("PYTHONPATH")])])
     # A torch with torch._symfix.audit runs its own; any other runs this repository's file.
     cmd = ([str(python), "-m", "torch._symfix", "audit"] if in_wheel(python)
            else [str(python), str(ENGINE)])
-    proc = subprocess.run([*cmd, "--json", target], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    proc = subprocess.Popen([*cmd, "--json", *extra, target], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.read()))
+    timer = threading.Timer(timeout, proc.kill)
+    reader.start()
+    timer.start()
+    try:
+        err = []
+        for line in proc.stderr:
+            if progress is not None and line.startswith("replay  "):
+                progress(line.rstrip("\n"))
+            else:
+                err.append(line)
+        proc.wait()
+        reader.join()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:  # Ctrl-C: the engine goes too
+            proc.kill()
+            proc.wait()
+    stdout, stderr = "".join(out), "".join(err)
     if proc.returncode == 2:
-        raise BadTarget((proc.stderr.strip().splitlines() or ["bad input"])[-1]
+        raise BadTarget((stderr.strip().splitlines() or ["bad input"])[-1]
                         .removeprefix("symfix audit: "))
-    start = proc.stdout.find("{\n")
+    start = stdout.find("{\n")
     if start < 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
+        tail = "\n".join((stdout + stderr).strip().splitlines()[-5:])
         raise BadTarget(f"the capture died with {python} (exit {proc.returncode}): {tail}")
-    return json.loads(proc.stdout[start:])
+    return json.loads(stdout[start:])
 
 
 def in_wheel(python: Path) -> bool:
@@ -225,6 +249,27 @@ class Search:
         return trial
 
 
+def next_fix(series, overlay, python, target, applied, have, fail, say) -> dict | None:
+    """The capture with the next fix that gets past ``fail`` added to ``applied`` (the fix in
+    its "_with"), or None: candidates by the failure's frames, else the rest of the series."""
+    done = have | {series.fix_for(p).id for p in applied}
+    search = Search(series, overlay, python, target, applied, fail, say)
+    for cand, how in candidates(series, fail, done):
+        if trial := search.attempt(cand, how):
+            return trial
+    # No frame in a patch's hunks or files (Dynamo re-raised it, say): does the rest of the
+    # series get past it at all? Then find the one patch that does.
+    rest = [p for p in series.wheel_patches
+            if p not in applied and series.fix_for(p).id not in done]
+    root = overlay.make(applied + rest) if rest else None
+    if root is not None and not same(fatal(run_engine(python, target, root)), fail):
+        for cand in nearest_first([p for p in rest if p not in search.tried], fail):
+            if trial := search.attempt(cand, "no frame in its files; found by trying the "
+                                             "series"):
+                return trial
+    return None
+
+
 def run_proofs(python: Path, fixes: list[Fix], overlay: Path | None, log: Path) -> dict:
     return matrix.run_tests(python, [t for f in fixes for t in f.proof], log, overlay=overlay)
 
@@ -252,23 +297,7 @@ def audit(series: Series, target: str, python: Path, repro_dir: Path, tests: boo
                     found.append((f, list(applied), None))
             if fail is None or not usable:
                 break
-            done = have | {series.fix_for(p).id for p in applied}
-            search = Search(series, overlay, python, target, applied, fail, say)
-            trial = None
-            for cand, how in candidates(series, fail, done):
-                if trial := search.attempt(cand, how):
-                    break
-            if trial is None:
-                # No frame in a patch's hunks or files (Dynamo re-raised it, say): does the
-                # rest of the series get past it at all? Then find the one patch that does.
-                rest = [p for p in series.wheel_patches
-                        if p not in applied and series.fix_for(p).id not in done]
-                root = overlay.make(applied + rest) if rest else None
-                if root is not None and not same(fatal(run_engine(python, target, root)), fail):
-                    for cand in nearest_first([p for p in rest if p not in search.tried], fail):
-                        if trial := search.attempt(cand, "no frame in its files; found by "
-                                                         "trying the series"):
-                            break
+            trial = next_fix(series, overlay, python, target, applied, have, fail, say)
             if trial is None:
                 break
             how_found[trial["_with"][-1].name] = trial.pop("_how")
@@ -345,12 +374,114 @@ def audit(series: Series, target: str, python: Path, repro_dir: Path, tests: boo
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def replay(series: Series, target: str, python: Path, repro_dir: Path, modes: list[str],
+           say=print) -> int:
+    """`audit --replay`: the engine runs the captured graph at other sizes and in other modes
+    against eager.  On a torch where the step does not trace, the fixes that make it trace
+    (found as `audit` finds them) are applied first.  Each difference's remedy: the fix of the
+    series that removes it (bisecting the rest of the series on overlays, at the difference's
+    size and mode), else torch 2.15.0 if it has none, else a repro."""
+    eng = engine()
+    info = probe(python)
+    say(f"audit   --replay {target} with {os.path.relpath(python)} (torch {info['version']})")
+    options = ["--replay", "--modes", ",".join(modes)]
+    result = run_engine(python, target, extra=options, progress=_progress)
+    have = set(result["symfix"] or [])
+    tmp = Path(tempfile.mkdtemp(prefix="symfix-audit-"))
+    try:
+        overlay = Overlay(series, info["dir"], tmp)
+        usable = overlay.pristine and info["version"].startswith(series.base["version"])
+        applied: list[Patch] = []
+        while usable and (fail := fatal(result)) is not None:
+            trial = next_fix(series, overlay, python, target, applied, have, fail, say)
+            if trial is None:
+                break
+            applied += trial["_with"]
+            result = trial
+        if applied:
+            say(f"        the capture needs {', '.join(_ids(series, applied))}: replaying with "
+                f"{'it' if len(applied) == 1 else 'them'} applied")
+            result = run_engine(python, target, overlay.make(applied), extra=options,
+                                progress=_progress)
+        print()
+        if not result["traced"]:
+            for n, f in enumerate(result["findings"], 1):
+                print(eng.format_finding(n, f, "the graph cannot be replayed: `symfix.py audit` "
+                                               "finds what the capture needs"))
+            print(f"{len(result['findings'])} problem(s) found; the step does not trace, so "
+                  "nothing was replayed.")
+            return 1
+        rest = [p for p in series.wheel_patches
+                if p not in applied and series.fix_for(p).id not in have] if usable else []
+        remedies = []
+        for n, f in enumerate(result["findings"], 1):
+            remedies.append(_replay_remedy(eng, series, overlay, python, target, applied, rest,
+                                           f, n, repro_dir, info["version"], say))
+        if applied:
+            print(f"with {', '.join(_ids(series, applied))} applied (the capture needs them):")
+        print(eng.report(result, remedies, ""))
+        return 1 if result["findings"] else 0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _ids(series: Series, patches: list[Patch]) -> list[str]:
+    return [series.fix_for(p).id for p in patches]
+
+
+def _replay_remedy(eng, series, overlay, python, target, applied, rest, f, n, repro_dir,
+                   version, say) -> str:
+    """Which fix removes replay difference ``f``: the shortest prefix of the rest of the
+    series that removes it at its size and mode ends with it (bisection)."""
+    point = ["--replay", "--modes", f["mode"], "--only", f["only"]]
+
+    def gone(patches: list[Patch], python=python) -> bool:
+        root = overlay.make(applied + patches) if patches else None
+        if patches and root is None:
+            return False
+        trial = run_engine(python, target, root, extra=point)
+        return trial["traced"] and not trial["findings"]
+
+    say(f"        {f['kind']} at {f['at'][0]}: bisecting the series for the fix")
+    if rest and gone(rest):
+        lo, hi = 0, len(rest)  # without rest[:lo] it shows, with rest[:hi] it is gone
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if gone(rest[:mid]) else (mid, hi)
+        fix = series.fix_for(rest[hi - 1])
+        f["layer"] = fix.component
+        return (f"symfix fix {fix.id} ({rest[hi - 1].name}; the difference is gone with it, "
+                f"found by bisecting the series on overlays)")
+    fixed_in = series.upstream.get("requirement", "").partition("==")[2]
+    oracle = probe(ORACLE) if fixed_in and ORACLE.exists() else None
+    if oracle and oracle["dir"] != overlay.torch_dir and oracle["version"].startswith(fixed_in):
+        say(f"        {f['kind']} at {f['at'][0]}: replaying with torch {fixed_in}")
+        try:
+            if gone([], ORACLE):
+                return f"fixed in torch {fixed_in} (no symfix fix; {fixed_in} gives eager's result)"
+        except BadTarget as e:
+            say(f"        torch {fixed_in}: {e}")
+    repro = eng.write_replay_repro(str(repro_dir), n, f, target, version)
+    return f"no known fix; repro: {os.path.relpath(repro)}"
+
+
 def default_python() -> Path:
     return ROOT / ".venv" / "bin" / "python"
 
 
 def run(args) -> int:
     """`symfix.py audit`: check the arguments, then audit the target with the series."""
+    eng = engine()
+    try:
+        modes = eng.parse_modes(args.modes) if args.replay else None
+    except eng.BadInput as e:
+        raise BadTarget(str(e)) from None
+    if args.modes and not args.replay:
+        raise BadTarget("--modes: only with --replay")
     python = Path(args.python) if args.python else default_python()
     if not python.exists():
         raise Refused(f"--python {python}: no such interpreter"
@@ -360,5 +491,7 @@ def run(args) -> int:
         raise BadTarget(f"{path}: no such file")
     # the series of the audited torch's release (its overlays patch that release's files)
     tag, _ = base_for(probe(python)["version"])
+    if args.replay:
+        return replay(load(tag=tag), args.target, python, Path(args.repro_dir), modes)
     return audit(load(tag=tag), args.target, python, Path(args.repro_dir),
                  tests=not args.no_tests)

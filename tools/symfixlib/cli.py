@@ -101,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="where repros of problems without a fix go (default: .symfix/audit/)")
     au.add_argument("--no-tests", action="store_true",
                     help="do not run the proof tests of the fixes found")
+    au.add_argument("--replay", action="store_true", help="run the captured graph at other "
+                    "sizes and in other modes against eager; differences and their fixes")
+    au.add_argument("--modes", help="with --replay: autocast,no_grad,inference_mode,plain or "
+                    "all (the default)")
     tb = sub.add_parser("table", help="write the series table into README.md")
     tb.add_argument("--check", action="store_true", help="only check that it is current")
     args = p.parse_args(argv)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import importlib.util
 import json
 import os
@@ -248,18 +249,21 @@ def _raw_symint_findings(gm, target_dir: str) -> list[dict]:
                if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool))]
         if not raw:
             continue
-        user = None
-        for line in reversed((n.meta.get("stack_trace") or "").splitlines()):
-            line = line.strip()
-            if line.startswith('File "'):
-                path, _, rest = line[6:].partition('", line ')
-                if _user_file(path, target_dir):
-                    user = f"{os.path.relpath(path)}:{rest.split(',')[0]}"
-                    break
         out.append({"kind": "raw SymInt in graph", "expr": f"{n.format_node()}"[:200],
                     "fatal": False, "layer": "FX", "torch": None, "torch_func": None,
-                    "torch_frames": [], "user": user})
+                    "torch_frames": [], "user": node_user(n, target_dir)})
     return out
+
+
+def node_user(n, target_dir: str) -> str | None:
+    """The user's ``file:line`` that made graph node ``n`` (its innermost user frame)."""
+    for line in reversed((n.meta.get("stack_trace") or "").splitlines()):
+        line = line.strip()
+        if line.startswith('File "'):
+            path, _, rest = line[6:].partition('", line ')
+            if _user_file(path, target_dir):
+                return f"{os.path.relpath(path)}:{rest.split(',')[0]}"
+    return None
 
 
 def load_target(spec: str):
@@ -313,6 +317,14 @@ def fakeify(fake_mode, t, name: str):
 
 def capture(fn, args, target_dir: str) -> dict:
     """Capture ``fn(*args)`` like a graph trainer; every finding on the way."""
+    return trace(fn, args, target_dir)[0]
+
+
+def trace(fn, args, target_dir: str, stack_traces: bool = False, mode: str = "plain"):
+    """``capture``'s result, and the graph (runtime asserts inserted, None when the capture
+    failed) with the fake inputs it was traced with.  ``stack_traces``: the nodes made by
+    the user's code say where (node.meta["stack_trace"]); ``mode``: traced in that mode (one
+    of MODES: autocast's casts and no_grad's missing autograd are in the graph)."""
     import torch
     import torch._dynamo.config
     from torch._guards import tracing, TracingContext
@@ -337,7 +349,9 @@ def capture(fn, args, target_dir: str) -> dict:
             with (_watch_shape_env(events, target_dir), torch._dynamo.config.patch(**cfg),
                   fake_mode, tracing(TracingContext(fake_mode)),
                   torch.autograd.set_multithreading_enabled(False), non_strict()):
-                gm = make_fx(fn, record_module_stack=False)(*fake_args)
+                with _user_stack_traces(fn, target_dir, stack_traces), mode_context(mode):
+                    gm = make_fx(fn, record_module_stack=False,
+                                 record_stack_traces=stack_traces)(*fake_args)
         except Exception as e:  # noqa: BLE001 - recorded as a finding
             try:
                 findings.append(failure_finding(e, target_dir))
@@ -369,7 +383,36 @@ def capture(fn, args, target_dir: str) -> dict:
         "graph_nodes": len(gm.graph.nodes) if gm is not None else None,
         "runtime_asserts": asserts,
         "findings": _dedup(findings),
-    }
+    }, gm, fake_args
+
+
+@contextlib.contextmanager
+def _user_stack_traces(fn, target_dir: str, on: bool):
+    """make_fx keeps only frames named ``forward`` in a node's stack trace, and those of the
+    functions registered as anchors: register every function of the user's files that the
+    step can reach (its module's functions and the functions defined in them)."""
+    import torch.fx.proxy
+
+    anchors = getattr(torch.fx.proxy, "_STACK_TRACE_ANCHORS", None)
+    if not on or anchors is None:
+        yield
+        return
+    codes = [fn.__code__] if hasattr(fn, "__code__") else []
+    for mod in list(sys.modules.values()):
+        if os.path.abspath(getattr(mod, "__file__", None) or "/").startswith(target_dir + os.sep):
+            codes += [f.__code__ for f in vars(mod).values() if hasattr(f, "__code__")]
+    added, todo = set(), codes
+    while todo:
+        code = todo.pop()
+        key = (code.co_filename, code.co_name)
+        if key not in anchors:
+            added.add(key)
+        todo += [c for c in code.co_consts if hasattr(c, "co_filename")]
+    anchors |= added
+    try:
+        yield
+    finally:
+        anchors -= added
 
 
 def runtime_asserts(gm, shape_env) -> int:
@@ -415,14 +458,20 @@ def signature(f: dict) -> tuple:
 
 
 def format_finding(n: int, f: dict, remedy: str) -> str:
-    torch_loc = f["torch"] or "–"
-    if f.get("torch_func"):
-        torch_loc += f" ({f['torch_func']})"
-    return (f"[{n}] {f['kind']}: {f['expr']}\n"
-            f"    layer   {f['layer']}\n"
-            f"    torch   {torch_loc}\n"
-            f"    yours   {f['user'] or '–'}\n"
-            f"    remedy  {remedy}\n")
+    lines = [f"[{n}] {f['kind']}: {f['expr']}", f"    layer   {f['layer']}"]
+    if f.get("at"):  # a replay's difference: where it shows, the graph node it starts at
+        at = f["at"][0]
+        if len(f["at"]) > 1:
+            at += f" (and {len(f['at']) - 1} more: {', '.join(f['at'][1:6])}"
+            at += ", …)" if len(f["at"]) > 6 else ")"
+        lines += [f"    at      {at}", f"    node    {f['node'] or '–'}"]
+    else:
+        torch_loc = f["torch"] or "–"
+        if f.get("torch_func"):
+            torch_loc += f" ({f['torch_func']})"
+        lines.append(f"    torch   {torch_loc}")
+    lines += [f"    yours   {f['user'] or '–'}", f"    remedy  {remedy}"]
+    return "\n".join(lines) + "\n"
 
 
 REPRO = '''\
@@ -491,13 +540,385 @@ def report(result: dict, remedies: list[str], header: str) -> str:
     lines = [header]
     for n, (f, remedy) in enumerate(zip(result["findings"], remedies, strict=False), 1):
         lines.append(format_finding(n, f, remedy))
+    replayed = result.get("replay")
     if result["findings"]:
-        lines.append(f"{len(result['findings'])} problem(s) found.")
+        lines.append(f"{len(result['findings'])} problem(s) found."
+                     + (f" Replayed: {replay_summary(result)}." if replayed else ""))
+    elif replayed:
+        lines.append(f"clean: the graph gives eager's results at every size and mode checked: "
+                     f"{replay_summary(result)}.")
     else:
         lines.append("clean: the step traces with its unbacked sizes symbolic.")
     if result.get("runtime_asserts") is not None:
         lines.append(RUNTIME_ASSERTS.format(n=result["runtime_asserts"]))
     return "\n".join(lines)
+
+
+# --replay: the one captured graph, run at other sizes and in other modes, against eager.
+
+MODES = ("plain", "autocast", "no_grad", "inference_mode")
+REPLAY_KINDS = ("differs from eager", "refused", "raised", "accepted")
+
+
+def parse_modes(text: str | None) -> list[str]:
+    """``--modes``: names separated by commas, or ``all`` (the default)."""
+    if text is None or text == "all":
+        return list(MODES)
+    names = [m.strip() for m in text.split(",")]
+    bad = [m for m in names if m not in MODES]
+    if bad:
+        raise BadInput(f"--modes {text}: no mode {bad[0]!r} (modes: all, {', '.join(MODES)})")
+    return [m for m in MODES if m in names]
+
+
+def mode_context(name: str):
+    import torch
+
+    return {"plain": contextlib.nullcontext,
+            "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+            "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[name]()
+
+
+def replay_sizes(lo: int, hi: int | None, hint: int) -> list[int]:
+    """Sizes that break things: the mark's min, 1, 2, 3, 7, 13, one far from the hint;
+    capped by the mark's max."""
+    sizes = {lo, 1, 2, 3, 7, 13, hint * 8 + 1}
+    if hi is not None:
+        sizes = {min(n, hi) for n in sizes}
+    return sorted(n for n in sizes if n >= lo)
+
+
+def size_groups(args, fake_args) -> list[dict]:
+    """The unbacked sizes of the inputs: one group per symbol, or per shape_id (its sizes
+    move together), with the marked dims it sets, its hint and its sizes to replay."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    groups: dict = {}
+    for i, (t, f) in enumerate(zip(tree_leaves(args), tree_leaves(fake_args), strict=True)):
+        if not isinstance(t, torch.Tensor):
+            continue
+        bounds = getattr(t, "_dynamo_unbacked_bounds", {})
+        for d in sorted(getattr(t, "_dynamo_unbacked_indices", ())):
+            if not isinstance(f.shape[d], torch.SymInt):
+                continue
+            shape_id = getattr(t, "_dynamo_shape_ids", {}).get(d)
+            g = groups.setdefault(shape_id or str(f.shape[d]), {
+                "name": str(f.shape[d]), "dims": [], "hint": t.shape[d],
+                "sizes": replay_sizes((bounds.get(d) or (None,))[0] or 0,
+                                      (bounds.get(d) or (None, None))[1], t.shape[d])})
+            g["dims"].append((i, d))
+    return list(groups.values())
+
+
+def resized(t, dims: dict):
+    """A new tensor like ``t`` (dtype, device, layout of its strides, requires_grad) with the
+    sizes ``dims`` gives: random floats, integers in ``t``'s range (token ids stay ids)."""
+    import torch
+
+    shape = [dims.get(d, n) for d, n in enumerate(t.shape)]
+    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))  # outermost dim first
+    physical = [shape[d] for d in order]
+    if t.is_floating_point() or t.is_complex():
+        new = torch.randn(physical, dtype=t.dtype, device=t.device)
+    elif t.dtype == torch.bool:
+        new = torch.randint(0, 2, physical, device=t.device).bool()
+    else:
+        lo, hi = (int(t.min()), int(t.max())) if t.numel() else (0, 1)
+        new = torch.randint(lo, hi + 1, physical, dtype=t.dtype, device=t.device)
+    new = new.permute([order.index(d) for d in range(t.dim())])
+    return new.requires_grad_(t.requires_grad)
+
+
+def inputs_at(args, group: dict, size: int):
+    """``args`` with ``group``'s marked dims at ``size``, the other marked dims at their hint;
+    unmarked arguments as they are."""
+    import torch
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    leaves, spec = tree_flatten(args)
+    torch.manual_seed(size)
+    new = {}
+    for i, d in group["dims"]:
+        new.setdefault(i, {})[d] = size
+    return tree_unflatten([resized(t, new[i]) if i in new else t
+                           for i, t in enumerate(leaves)], spec)
+
+
+def fresh(args):
+    """A copy of the arguments for one side of a comparison (modules, optimizers, tensors)."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    try:
+        return copy.deepcopy(args)
+    except Exception:  # noqa: BLE001 - a non-leaf tensor: copy the tensors only
+        return tree_map(lambda t: t.detach().clone().requires_grad_(t.requires_grad)
+                        if isinstance(t, torch.Tensor) else t, args)
+
+
+def snapshot(value) -> list:
+    """What is compared of a value: per leaf, a tensor's local value (a DTensor's placements
+    too), strides and requires_grad, or the leaf itself."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    out = []
+    for x in tree_leaves(value):
+        if not isinstance(x, torch.Tensor):
+            out.append(x)
+            continue
+        placements = getattr(x, "placements", None)
+        local = x.to_local() if placements is not None else x
+        out.append({"t": local.detach().clone(), "stride": local.stride(),
+                    "requires_grad": x.requires_grad, "placements": placements})
+    return out
+
+
+def _dense(t) -> bool:
+    """Non-overlapping and dense: strides say something about the layout eager chose."""
+    if t.numel() == 0:
+        return False
+    expect = 1
+    for d in sorted((d for d in range(t.dim()) if t.shape[d] > 1), key=t.stride):
+        if t.stride(d) != expect:
+            return False
+        expect *= t.shape[d]
+    return True
+
+
+def _tolerance(dtype, mode: str) -> tuple[float, float]:
+    import torch
+
+    if mode == "autocast" or dtype in (torch.bfloat16, torch.float16):
+        return 5e-2, 5e-2  # rtol, atol
+    return (1e-7, 1e-7) if dtype == torch.float64 else (1e-4, 1e-5)
+
+
+def leaf_difference(a, b, mode: str) -> tuple[str, str] | None:
+    """(what, how) differs between the graph's leaf ``a`` and eager's ``b``, or None."""
+    import torch
+
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        if isinstance(a, dict) != isinstance(b, dict):
+            return "type", f"{_kind(a)} where eager has {_kind(b)}"
+        if isinstance(a, float) and isinstance(b, float) and (a == b or (a != a and b != b)
+                                                              or abs(a - b) <= 1e-5 * abs(b)):
+            return None
+        return None if a == b else ("value", f"{a!r} where eager has {b!r}")
+    x, y = a["t"], b["t"]
+    checks = (("placements", a["placements"], b["placements"]),
+              ("shape", tuple(x.shape), tuple(y.shape)), ("dtype", x.dtype, y.dtype))
+    for what, mine, eager in checks:
+        if mine != eager:
+            return what, f"{mine} where eager has {eager}"
+    if _dense(y):
+        mine = [s for s, n in zip(a["stride"], x.shape, strict=True) if n > 1]
+        eager = [s for s, n in zip(b["stride"], y.shape, strict=True) if n > 1]
+        if mine != eager:
+            return "strides", f"{a['stride']} where eager has {b['stride']}"
+    if a["requires_grad"] != b["requires_grad"]:
+        return "requires_grad", f"{a['requires_grad']} where eager has {b['requires_grad']}"
+    rtol, atol = _tolerance(y.dtype, mode)
+    try:
+        torch.testing.assert_close(x, y, rtol=rtol, atol=atol, equal_nan=True,
+                                   check_stride=False)
+    except AssertionError as e:
+        worst = next((ln.strip() for ln in str(e).splitlines() if "Greatest" in ln), "")
+        return "values", f"differ beyond rtol={rtol}, atol={atol}" + (f" ({worst})" if worst
+                                                                         else "")
+    return None
+
+
+def _kind(x) -> str:
+    return "a tensor" if isinstance(x, dict) else type(x).__name__
+
+
+def differences(got: list, want: list, mode: str, label: str) -> list[tuple[str, str]]:
+    """(what, how) for every leaf of two snapshots that differs, named ``label k``."""
+    if len(got) != len(want):
+        return [(f"{label}s", f"{len(got)} where eager has {len(want)}")]
+    out = []
+    for k, (a, b) in enumerate(zip(got, want, strict=True)):
+        if d := leaf_difference(a, b, mode):
+            out.append((f"{label} {k} {d[0]}", d[1]))
+    return out
+
+
+def run_side(call, args, mode: str):
+    """(snapshot of the outputs and of the arguments after the call, None), or (None, error)."""
+    import torch
+
+    torch.manual_seed(0)
+    try:
+        with mode_context(mode):
+            out = call(*args)
+        return (snapshot(out), snapshot(args)), None
+    except Exception as e:  # noqa: BLE001 - one side raising is what is compared
+        return None, e
+
+
+def _first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"[:200]
+
+
+def compare_at(fn, gm, args, mode: str) -> dict | None:
+    """The graph against eager on ``args`` in ``mode``: None when they agree, else the kind
+    of difference and what differs."""
+    want, eager_err = run_side(fn, fresh(args), mode)
+    got, graph_err = run_side(gm, fresh(args), mode)
+    if eager_err is not None and graph_err is not None:
+        return None
+    if graph_err is not None:
+        refused = "Runtime assertion failed" in str(graph_err)
+        return {"kind": "refused" if refused else "raised",
+                "expr": f"the graph raises {_first_line(graph_err)}; eager runs", "what": ()}
+    if eager_err is not None:
+        return {"kind": "accepted", "expr": f"the graph runs; eager raises "
+                f"{_first_line(eager_err)}", "what": ()}
+    diffs = (differences(got[0], want[0], mode, "output")
+             + differences(got[1], want[1], mode, "argument (after the step)"))
+    if not diffs:
+        return None
+    return {"kind": "differs from eager", "what": tuple(w for w, _ in diffs),
+            "expr": "; ".join(f"{w}: {h}" for w, h in diffs[:3])
+            + (f"; {len(diffs) - 3} more" if len(diffs) > 3 else "")}
+
+
+def _op_nodes(gm, args, mode: str):
+    """(node, snapshot) of every ATen op node that makes tensors, running ``gm`` node by
+    node on ``args`` in ``mode``; and the node that raised, if one did."""
+    import torch
+    import torch.fx
+
+    skip = ("aten::sym_", "aten::_assert", "aten::_local_scalar_dense")
+    seen, failed = [], None
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            nonlocal failed
+            failed = n
+            out = super().run_node(n)
+            failed = None
+            if (n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+                    and not n.target.name().startswith(skip)):
+                seen.append((n, snapshot(out)))
+            return out
+
+    torch.manual_seed(0)
+    with contextlib.suppress(Exception), mode_context(mode):
+        Recorder(gm).run(*args)
+    return seen, failed
+
+
+def first_node(fn, gm, args, mode: str) -> tuple[object, str] | None:
+    """The first node of the captured graph whose value differs from the same node of a trace
+    of ``fn`` at these sizes (make_fx, real tensors), both run node by node: (node, why)."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    captured, failed = _op_nodes(gm, fresh(args), mode)
+    torch.manual_seed(0)
+    try:
+        with mode_context(mode):
+            real = make_fx(fn, tracing_mode="real", record_module_stack=False)(*fresh(args))
+        ref, _ = _op_nodes(real, fresh(args), mode)
+    except Exception:  # noqa: BLE001 - eager itself raises here: nothing to compare with
+        ref = []
+    for (n, got), (m, want) in zip(captured, ref, strict=False):
+        if n.target != m.target:
+            return n, f"a trace at this size runs {m.target} here"
+        if diffs := differences(got, want, mode, "output"):
+            w, h = diffs[0]
+            return n, f"{w}: {h}"
+    if failed is not None:
+        return failed, "it raised"
+    return None
+
+
+def _describe_node(n, why: str) -> str:
+    target = getattr(n.target, "__name__", str(n.target))
+    if hasattr(n.target, "name"):
+        target = f"aten.{n.target.name().removeprefix('aten::')}"
+    return f"{n.name} ({target}): {why}"
+
+
+def replay(fn, args, target_dir: str, modes: list[str], only: str | None = None,
+           say=lambda line: print(line, file=sys.stderr, flush=True)) -> dict:
+    """Capture ``fn(*args)`` once per mode, as a trainer captures its step in that mode, then
+    run that one graph in the mode at the sizes the marks allow (one unbacked size, or
+    shape_id, at a time, the others at their hint), against eager at the same sizes."""
+    result = None
+    found: dict = {}
+    points = []
+    for mode in modes:
+        captured, gm, fake_args = trace(fn, args, target_dir, stack_traces=True, mode=mode)
+        if gm is None:  # the capture failed: its findings say why
+            for f in captured["findings"]:
+                f["expr"] += "" if mode == "plain" else f" (captured under {mode})"
+            return dict(captured, replay={"points": 0, "sizes": 0, "modes": modes})
+        result = result or dict(captured, capture_findings=len(captured["findings"]))
+        if not points:
+            groups = size_groups(args, fake_args)
+            if only is not None:
+                name, _, size = only.partition("=")
+                groups = [dict(g, sizes=[int(size)]) for g in groups if g["name"] == name]
+            points = [(f"{g['name']}={n}", inputs_at(args, g, n))
+                      for g in groups for n in g["sizes"]]
+        for size, at_size in points:
+            diff = compare_at(fn, gm, at_size, mode)
+            where = f"{size} {mode}"
+            say(f"replay  {where:<24} {diff['kind'] if diff else 'ok'}")
+            if diff is None:
+                continue
+            key = (diff["kind"], diff["what"])
+            if key in found:
+                found[key]["at"].append(where)
+                continue
+            node = first_node(fn, gm, at_size, mode)
+            found[key] = {"kind": diff["kind"], "expr": diff["expr"], "fatal": False,
+                          "layer": "FakeTensor (a value the capture saw)" if node else "?",
+                          "torch": None, "torch_func": None, "torch_frames": [],
+                          "user": node_user(node[0], target_dir) if node else None,
+                          "node": _describe_node(*node) if node else None,
+                          "at": [where], "mode": mode, "only": size}
+    result["findings"] = list(found.values())
+    result["replay"] = {"points": len(points) * len(modes), "sizes": len(points),
+                        "modes": modes}
+    return result
+
+
+def replay_summary(result: dict) -> str:
+    r = result["replay"]
+    return (f"{r['sizes']} size(s) of the unbacked inputs, in {len(r['modes'])} mode(s) "
+            f"({', '.join(r['modes'])}): {r['points']} replay(s) of the captured graph")
+
+
+REPLAY_REPRO = '''\\
+"""symfix audit --replay repro: {kind} at {where}: {expr}
+
+node: {node}; yours: {user}. Found with torch {version}. Run: python {name}
+"""
+import sys
+
+sys.path.insert(0, {engine_dir!r})
+import audit  # noqa: E402  (symfix's torch/_symfix/audit.py)
+
+sys.exit(audit.main(["--replay", {spec!r}, "--modes", {mode!r}, "--only", {only!r}]))
+'''
+
+
+def write_replay_repro(out_dir: str, n: int, f: dict, spec: str, version: str) -> str:
+    os.makedirs(out_dir, exist_ok=True)
+    name = os.path.join(out_dir, f"replay-{n}.py")
+    path, sep, func = spec.partition(":")
+    with open(name, "w") as fh:
+        fh.write(REPLAY_REPRO.format(
+            kind=f["kind"], where=f["at"][0], expr=f["expr"].replace('"""', "'''"),
+            node=f["node"], user=f["user"], version=version, name=name,
+            engine_dir=os.path.dirname(os.path.abspath(__file__)),
+            spec=os.path.abspath(path) + sep + func, mode=f["mode"], only=f["only"]))
+    return name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -507,25 +928,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
     p.add_argument("--repro-dir", default="symfix-audit",
                    help="where repros of problems without a fix go (default: ./symfix-audit)")
+    p.add_argument("--replay", action="store_true", help="run the captured graph at other "
+                   "sizes and in other modes, against eager")
+    p.add_argument("--modes", help=f"with --replay: {','.join(MODES)} or all (the default)")
+    p.add_argument("--only", metavar="SYM=SIZE", help="with --replay: that size alone")
     args = p.parse_args(argv)
     try:
+        modes = parse_modes(args.modes)
         fn, fargs, path = load_target(args.target)
     except BadInput as e:
         print(f"symfix audit: {e}", file=sys.stderr)
         return 2
-    result = capture(fn, fargs, os.path.dirname(path))
+    if args.replay:
+        result = replay(fn, fargs, os.path.dirname(path), modes, args.only)
+    else:
+        result = capture(fn, fargs, os.path.dirname(path))
     if args.json:
         print(json.dumps(result, indent=1, default=str))
-    else:
-        ids = result["symfix"]
-        built = f"symfix build with {len(ids)} fixes" if ids is not None else "no symfix fixes"
-        remedies = []
-        for n, f in enumerate(result["findings"], 1):
-            repro = write_repro(args.repro_dir, n, f, args.target, result["torch_version"])
-            remedies.append(f"no known fix in this torch ({built}); repro: {repro}")
-        print(report(result, remedies, f"audit {args.target} with torch {result['torch_version']}"
-                     f" ({built}); unbacked inputs: {', '.join(result['unbacked_inputs']) or '–'}"
-                     "\n"))
+        return 1 if result["findings"] else 0
+    ids = result["symfix"]
+    built = f"symfix build with {len(ids)} fixes" if ids is not None else "no symfix fixes"
+    remedies = []
+    for n, f in enumerate(result["findings"], 1):
+        write = write_replay_repro if f.get("at") else write_repro
+        repro = write(args.repro_dir, n, f, args.target, result["torch_version"])
+        remedies.append(f"no known fix in this torch ({built}); repro: {repro}")
+    header = (f"audit {args.target} with torch {result['torch_version']} ({built}); unbacked "
+              f"inputs: {', '.join(result['unbacked_inputs']) or '–'}\n")
+    print(report(result, remedies, header))
     return 1 if result["findings"] else 0
 
 

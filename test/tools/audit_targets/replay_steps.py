@@ -1,0 +1,41 @@
+"""Steps for `symfix audit --replay` (test/tools/test_symfix_audit.py): the captured graph run
+at other sizes and in other modes against eager.
+
+Each ``*_target`` returns ``(fn, args)``; ``mark_unbacked`` marks say which sizes are unbacked.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch._dynamo.decorators import mark_unbacked
+
+B, D, V = 2, 8, 16
+
+
+def pad_channels_last_target():
+    """F.pad of a channels-last batch, then .contiguous(): on stock 2.13.0 the capture (with
+    the fixes that let it trace) takes the padded tensor for contiguous and drops the
+    .contiguous(); the graph returns channels-last strides where eager's are contiguous
+    (symfix 0031 prims-channels-last-unbacked-batch)."""
+    x = torch.randn(B, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    mark_unbacked(x, 0, hint_override=B)  # min 0: the batch may be empty
+
+    def step(x):
+        y = F.pad(x, (1, 1), value=0.5)
+        return y.contiguous() * 2
+
+    return step, (x,)
+
+
+def clean_target():
+    """Embedding, a linear layer, a loss over unbacked batch and sequence, and its gradient:
+    the same results as eager at every size and in every mode."""
+    tokens = torch.randint(0, V, (2, B, 4))  # token ids and labels
+    mark_unbacked(tokens, 1, hint_override=B, min=1)
+    mark_unbacked(tokens, 2, hint_override=4, min=1)
+    w = torch.randn(V, D, requires_grad=True)
+
+    def step(tokens, w):
+        logits = F.embedding(tokens[0], w) @ w.t()
+        return F.cross_entropy(logits.reshape(-1, V), tokens[1].reshape(-1))
+
+    return step, (tokens, w)
