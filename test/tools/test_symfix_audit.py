@@ -139,6 +139,76 @@ class TestAuditBadInput(TestCase):
         self.check(f"{STEPS}:not_a_pair", "must return (fn, args)")
 
 
+REPLAY = "test/tools/audit_targets/replay_steps.py"
+
+
+def line_of(path: str, text: str) -> int:
+    return next(n for n, line in enumerate((ROOT / path).read_text().splitlines(), 1)
+                if text in line)
+
+
+class TestAuditReplay(TestCase):
+    """`audit --replay`: the captured graph run at other sizes and in other modes against
+    eager (audit_targets/replay_steps.py)."""
+
+    def test_stock_difference_and_its_fix(self):
+        # stock 2.13.0: the capture needs 0003 and 0008 (applied on an overlay); the graph
+        # then drops the step's .contiguous() (the padded fake looked contiguous): strides
+        # differ at every batch but 0, from the mul on, found by bisecting the series: 0031
+        proc = symfix("audit", "--replay", "--modes", "plain,no_grad", "--python",
+                      str(stock_python()), "--repro-dir", str(ROOT / ".symfix" / "audit-test"),
+                      f"{REPLAY}:pad_channels_last_target")
+        out = proc.stdout
+        self.assertEqual(proc.returncode, 1, out + proc.stderr)
+        self.assertIn("(torch 2.13.0", out)
+        self.assertIn("the capture needs proxy-provenance, fake-constant-pad-nd-symbolic", out)
+        self.assertIn("[1] differs from eager: output 0 strides: (84, 1, 21, 3) where eager has "
+                      "(84, 28, 7, 1)", out)
+        self.assertIn("at      u0=1 plain (and 11 more", out)
+        self.assertIn("node    mul (aten.mul.Tensor): a trace at this size runs "
+                      "aten.clone.default here", out)
+        user = line_of(REPLAY, "return y.contiguous() * 2")
+        self.assertIn(f"yours   {REPLAY}:{user}", out)
+        self.assertIn("remedy  symfix fix prims-channels-last-unbacked-batch", out)
+        self.assertIn("1 problem(s) found", out)
+        self.assertNotIn("[2]", out)
+        # one progress line per size and mode, on stderr
+        self.assertEqual(len(re.findall(r"^replay  u0=\d+ +(plain|no_grad) ", proc.stderr,
+                                        re.M)), 14, proc.stderr)
+
+    def test_patched_clean(self):
+        # the in-wheel engine on the patched build: the same step gives eager's results
+        proc = subprocess.run([str(PATCHED), "-m", "torch._symfix", "audit", "--replay",
+                               f"{REPLAY}:pad_channels_last_target"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("clean: the graph gives eager's results at every size and mode checked: "
+                      "7 size(s)", proc.stdout)
+        self.assertIn("28 replay(s)", proc.stdout)
+
+    def test_clean_step_every_mode(self):
+        # embedding, linear, loss over unbacked batch and sequence: clean in all four modes
+        proc = symfix("audit", "--replay", f"{REPLAY}:clean_target", timeout=600)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("12 size(s) of the unbacked inputs, in 4 mode(s) (plain, autocast, "
+                      "no_grad, inference_mode): 48 replay(s)", proc.stdout)
+        self.assertEqual(len(re.findall(r"^replay  u[01]=", proc.stderr, re.M)), 48)
+
+    def test_bad_input(self):
+        for args, expect in (
+                (["test/tools/audit_targets/nope.py"], "no such file"),
+                ([f"{REPLAY}:missing"], "has no function missing"),
+                (["--modes", "autocast,fp8", f"{REPLAY}:clean_target"], "no mode 'fp8'")):
+            for cmd in ([sys.executable, str(ROOT / "tools" / "symfix.py"), "audit"],
+                        [str(PATCHED), "-m", "torch._symfix", "audit"]):
+                with self.subTest(args=args, cmd=cmd[1]):
+                    proc = subprocess.run([*cmd, "--replay", *args], cwd=ROOT,
+                                          capture_output=True, text=True, timeout=600)
+                    self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+                    self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
+                    self.assertIn(expect, proc.stderr)
+
+
 class TestAuditEngine(TestCase):
     """The findings of the capture itself, on the torch running the suite."""
 

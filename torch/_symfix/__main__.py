@@ -4,7 +4,8 @@ import sys
 
 from torch._symfix.audit import main
 
-USAGE = "usage: python -m torch._symfix audit FILE.py[:NAME] [--json] [--repro-dir DIR]"
+USAGE = ("usage: python -m torch._symfix audit FILE.py[:NAME] [--json] [--repro-dir DIR] "
+         "[--replay [--modes MODES]]")
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["audit"]:

@@ -27,8 +27,8 @@ def pad_channels_last_target():
 
 
 def clean_target():
-    """Embedding, a linear layer, a loss over unbacked batch and sequence, and its gradient:
-    the same results as eager at every size and in every mode."""
+    """Embedding, a linear layer, a loss over unbacked batch and sequence (weights that need
+    grad): the same results as eager at every size and in every mode."""
     tokens = torch.randint(0, V, (2, B, 4))  # token ids and labels
     mark_unbacked(tokens, 1, hint_override=B, min=1)
     mark_unbacked(tokens, 2, hint_override=4, min=1)
