@@ -541,7 +541,10 @@ def report(result: dict, remedies: list[str], header: str) -> str:
     for n, (f, remedy) in enumerate(zip(result["findings"], remedies, strict=False), 1):
         lines.append(format_finding(n, f, remedy))
     replayed = result.get("replay")
-    if result["findings"]:
+    if replayed and not result["traced"]:
+        lines.append(f"{len(result['findings'])} problem(s) found; the step does not trace, so "
+                     "nothing was replayed.")
+    elif result["findings"]:
         lines.append(f"{len(result['findings'])} problem(s) found."
                      + (f" Replayed: {replay_summary(result)}." if replayed else ""))
     elif replayed:
@@ -557,7 +560,6 @@ def report(result: dict, remedies: list[str], header: str) -> str:
 # --replay: the one captured graph, run at other sizes and in other modes, against eager.
 
 MODES = ("plain", "autocast", "no_grad", "inference_mode")
-REPLAY_KINDS = ("differs from eager", "refused", "raised", "accepted")
 
 
 def parse_modes(text: str | None) -> list[str]:
@@ -877,7 +879,9 @@ def replay(fn, args, target_dir: str, modes: list[str], only: str | None = None,
                 continue
             node = first_node(fn, gm, at_size, mode)
             found[key] = {"kind": diff["kind"], "expr": diff["expr"], "fatal": False,
-                          "layer": "FakeTensor (a value the capture saw)" if node else "?",
+                          "layer": ("ShapeEnv (the trace's runtime asserts)"
+                                    if diff["kind"] in ("refused", "accepted")
+                                    else "FakeTensor (a value the capture saw)"),
                           "torch": None, "torch_func": None, "torch_frames": [],
                           "user": node_user(node[0], target_dir) if node else None,
                           "node": _describe_node(*node) if node else None,
@@ -894,7 +898,7 @@ def replay_summary(result: dict) -> str:
             f"({', '.join(r['modes'])}): {r['points']} replay(s) of the captured graph")
 
 
-REPLAY_REPRO = '''\\
+REPLAY_REPRO = '''\
 """symfix audit --replay repro: {kind} at {where}: {expr}
 
 node: {node}; yours: {user}. Found with torch {version}. Run: python {name}
@@ -950,6 +954,9 @@ def main(argv: list[str] | None = None) -> int:
     built = f"symfix build with {len(ids)} fixes" if ids is not None else "no symfix fixes"
     remedies = []
     for n, f in enumerate(result["findings"], 1):
+        if args.only:  # a replay at one size: the repro is this command
+            remedies.append(f"no known fix in this torch ({built})")
+            continue
         write = write_replay_repro if f.get("at") else write_repro
         repro = write(args.repro_dir, n, f, args.target, result["torch_version"])
         remedies.append(f"no known fix in this torch ({built}); repro: {repro}")
