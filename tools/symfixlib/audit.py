@@ -59,7 +59,8 @@ def probe(python: Path) -> dict:
 
 
 def run_engine(python: Path, target: str, overlay: Path | None = None,
-               timeout: int = 900, extra: list[str] = (), progress=None) -> dict:
+               timeout: int = 900, extra: tuple[str, ...] | list[str] = (),
+               progress=None) -> dict:
     """The engine's JSON result for ``target`` (``extra``: its options, --replay say); the
     engine's progress lines (``replay  ...`` on its stderr) go to ``progress`` as they come."""
     env = dict(os.environ)
