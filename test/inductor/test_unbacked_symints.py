@@ -1389,5 +1389,260 @@ class TestTensorSplitUnbacked(TestCase):
                     self.assertEqual(got, ref)
 
 
+MODES = {
+    "grad": (contextlib.nullcontext, True),
+    "autocast_bf16": (lambda: torch.autocast("cpu", dtype=torch.bfloat16), False),
+    "no_grad": (torch.no_grad, True),
+    "inference_mode": (torch.inference_mode, True),
+}
+
+
+def _tensors(tree):
+    return [t for t in torch.utils._pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+class _ReplayTestCase(TestCase):
+    """One graph per backend and mode, every marked size unbacked, replayed at sizes chosen to
+    break it; each result as eager's: shape, dtype, strides, requires_grad, values, and the
+    inputs' gradients."""
+
+    BACKENDS = ("aot_eager", "inductor")
+
+    def assert_like_eager(self, got, ref, msg):
+        self.assertEqual(len(_tensors(got)), len(_tensors(ref)), msg=msg)
+        for g, r in zip(_tensors(got), _tensors(ref)):
+            self.assertEqual((g.shape, g.dtype, g.requires_grad),
+                             (r.shape, r.dtype, r.requires_grad), msg=msg)
+            if r.numel() > 1 and r.is_contiguous():
+                self.assertEqual(g.stride(), r.stride(), msg=msg)
+            tol = {"atol": 0.1, "rtol": 2e-2} if r.dtype == torch.bfloat16 else {}
+            self.assertEqual(g, r, msg=msg, equal_nan=True, **tol)
+
+    def replay(self, fn, make, sizes, unbacked, modes=MODES, backends=BACKENDS):
+        """``make(n)`` gives fn's arguments at size ``n``; ``unbacked[i]`` the dims of argument
+        ``i`` marked unbacked (each its own symbol). The first size is the trace's."""
+        for backend in backends:
+            for name, (mode, grad) in modes.items():
+                torch._dynamo.reset()
+                compiled = torch.compile(fn, backend=backend, fullgraph=True)
+                for n in sizes:
+                    msg = f"{backend} {name} n={n}"
+                    args = make(n)
+                    if grad:
+                        args = [a.requires_grad_() if a.is_floating_point() else a for a in args]
+                    copies = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+                    for a, dims in zip(copies, unbacked):
+                        for d in dims:
+                            torch._dynamo.decorators.mark_unbacked(a, d)
+                    with mode(), _no_graph_caches():
+                        got, ref = compiled(*copies), fn(*args)
+                    self.assert_like_eager(got, ref, msg)
+                    outs = [r for r in _tensors(ref) if r.requires_grad]
+                    if outs and name == "grad":
+                        sum(g.sum() for g in _tensors(got) if g.requires_grad).backward()
+                        sum(r.sum() for r in outs).backward()
+                        for a, c in zip(args, copies):
+                            if a.requires_grad:
+                                self.assertEqual(c.grad, a.grad, msg=f"{msg} grad",
+                                                 atol=1e-4, rtol=1e-4)
+
+
+class TestLossTargetSizeUnbacked(_ReplayTestCase):
+    """Losses of an input and a target whose sizes are unbacked, each its own symbol: the
+    target-size warning of mse/l1/huber/smooth_l1 guarded Eq(u1, u0), the size check of the
+    binary cross entropies too; the warning now says only what is known, the check is a
+    runtime assertion."""
+
+    LOSSES = {
+        "mse": F.mse_loss,
+        "l1": F.l1_loss,
+        "huber": F.huber_loss,
+        "smooth_l1": F.smooth_l1_loss,
+        "bce": lambda x, t: F.binary_cross_entropy(torch.sigmoid(x), t),
+        "bce_logits": F.binary_cross_entropy_with_logits,
+    }
+
+    def test_losses_match_eager(self):
+        def losses(x, t):
+            return [loss(x, t) for loss in self.LOSSES.values()]
+
+        self.replay(losses, lambda n: [torch.randn(n, 3), torch.rand(n, 3)], (4, 1, 0, 7, 129),
+                    [(0, 1), (0, 1)], modes={"grad": MODES["grad"]})
+
+    def test_reductions_and_modes(self):
+        def losses(x, t):
+            return (F.mse_loss(x, t, reduction="none"), F.l1_loss(x, t, reduction="sum"),
+                    F.binary_cross_entropy_with_logits(x, t, reduction="none"))
+
+        self.replay(losses, lambda n: [torch.randn(n, 5), torch.rand(n, 5)], (3, 1, 2, 13),
+                    [(0,), (0,)])
+
+    def test_other_target_size_is_refused_at_run_time(self):
+        # the graph traced for equal unbacked sizes asserts them when it runs: eager raises
+        # ValueError for the binary cross entropies; the mse graph refuses what eager would
+        # broadcast with a warning (no silent broadcast)
+        for loss in (F.binary_cross_entropy_with_logits, F.mse_loss):
+            torch._dynamo.reset()
+            compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
+            x, t, other = torch.randn(4, 3), torch.rand(4, 3), torch.rand(5, 3)
+            for a in (x, t, other):
+                torch._dynamo.decorators.mark_unbacked(a, 0)
+            self.assertEqual(compiled(x, t), loss(x, t))
+            with self.assertRaisesRegex(AssertionError, "size"):
+                compiled(x, other)
+
+    def test_static_sizes_warn_and_script_as_before(self):
+        with self.assertWarnsRegex(UserWarning, "target size"):
+            F.mse_loss(torch.randn(3, 1), torch.randn(3, 2))
+        with self.assertRaisesRegex(ValueError, "must be the same as input size"):
+            F.binary_cross_entropy_with_logits(torch.randn(3), torch.rand(4))
+        for module in (torch.nn.MSELoss(), torch.nn.BCEWithLogitsLoss(), torch.nn.BCELoss()):
+            x, t = torch.rand(4, 3), torch.rand(4, 3)
+            self.assertEqual(torch.jit.script(module)(x, t), module(x, t))
+        with self.assertRaisesRegex(torch.jit.Error, "must be the same as input size"):
+            torch.jit.script(torch.nn.BCEWithLogitsLoss())(torch.randn(3), torch.rand(4))
+
+
+class TestMaskedUnbackedMask(_ReplayTestCase):
+    """torch.masked reductions with a mask whose sizes are unbacked symbols of their own:
+    _input_mask compared the shapes (Eq(u1, u0)); where that is undecided the mask is now
+    broadcast to the input, a no-op for equal shapes."""
+
+    def test_masked_ops_match_eager(self):
+        def step(x, mask):
+            return (torch.masked.sum(x, 1, mask=mask), torch.masked.softmax(x, 1, mask=mask),
+                    torch.masked.amax(x, 0, mask=mask), torch.masked.logsumexp(x, 1, mask=mask))
+
+        def make(n):
+            return [torch.randn(n, 4), torch.rand(n, 4) > 0.3]
+
+        self.replay(step, make, (3, 1, 2, 7, 129), [(0, 1), (0, 1)],
+                    modes={"grad": MODES["grad"], "no_grad": MODES["no_grad"]})
+
+
+class TestPoolCeilModeUnbacked(_ReplayTestCase):
+    """Pooling with ceil_mode over unbacked sizes: whether the last window starts past the input
+    guarded (2*((u1//2)) - 2 >= u1); the output size now says both cases."""
+
+    @staticmethod
+    def step(x):
+        return (F.max_pool2d(x, 3, 2, 1, ceil_mode=True), F.avg_pool2d(x, 2, 2, ceil_mode=True),
+                F.avg_pool1d(x.flatten(2), 3, 3, ceil_mode=True),
+                F.max_pool3d(x.unsqueeze(1), 2, 2, ceil_mode=True))
+
+    @staticmethod
+    def make(n):
+        return [torch.randn(n % 3 + 1, 3, n, n % 5 + 2)]
+
+    def test_modes_match_eager(self):
+        sizes, unbacked = (8, 2, 3, 5, 13, 129), [(0, 2, 3)]
+        self.replay(self.step, self.make, sizes, unbacked, backends=("aot_eager",))
+        no_grad = {k: v for k, v in MODES.items() if k != "grad"}
+        self.replay(self.step, self.make, sizes, unbacked, modes=no_grad, backends=("inductor",))
+
+    def test_max_pool_gradients_inductor(self):
+        # Inductor's avg_pool2d backward divides a partial ceil_mode window by the whole
+        # kernel, static sizes too (stock 2.13.0 and 2.15.0): not a symbolic-size problem
+        def step(x):
+            return F.max_pool2d(x, 3, 2, 1, ceil_mode=True), F.max_pool3d(x[:, None], 2, 2, ceil_mode=True)
+
+        self.replay(step, self.make, (8, 2, 3, 5, 13), [(0, 2, 3)],
+                    modes={"grad": MODES["grad"]}, backends=("inductor",))
+
+    def test_backed_sizes_keep_the_guard(self):
+        # where sizes have hints the output size is decided at compile time, as before
+        cnt = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(self.step, backend=cnt, dynamic=True, fullgraph=True)
+        for n in (8, 9):
+            x = torch.randn(2, 3, n, 4)
+            self.assert_like_eager(compiled(x), self.step(x), n)
+        gm = cnt.graphs[-1]
+        self.assertNotIn("sym_ite", gm.code)
+
+
+class TestShapeChecksUnbacked(_ReplayTestCase):
+    """Shape checks of decompositions and meta functions written as Python conditions (``and``,
+    ``==`` of shapes, ``all``) guarded on unbacked sizes of separate tensors: nll_loss's
+    weight, multilabel_margin_loss's target, take, searchsorted, baddbmm, unfold, max_unpool,
+    _chunk_cat. They are symbolic conditions now: decided where the sizes decide them, else
+    runtime assertions of the graph."""
+
+    def test_ops_match_eager(self):
+        def step(x, w, target, idx, seq, b1, b2):
+            # nll_loss takes no gradient for its weight (eager refuses one)
+            return (F.nll_loss(x.log_softmax(1), target, weight=w.detach()),
+                    F.multilabel_margin_loss(x, target.unsqueeze(1).expand(-1, 5).contiguous()),
+                    torch.take(x, idx), torch.searchsorted(seq, x),
+                    torch.baddbmm(x.new_zeros(b1.shape[0], b1.shape[1], b2.shape[2]), b1, b2),
+                    F.unfold(x[None, None], (2, 2)))
+
+        def make(n):
+            return [torch.randn(n, 5), torch.rand(5), torch.randint(0, 5, (n,)),
+                    torch.randint(0, 2 * n, (n,)), torch.sort(torch.randn(n, 4)).values,
+                    torch.randn(n, 2, 3), torch.randn(n, 3, 4)]
+
+        self.replay(step, make, (4, 2, 3, 7, 13), [(0,), (0,), (0,), (0,), (0, 1), (0,), (0,)],
+                    modes={"grad": MODES["grad"], "no_grad": MODES["no_grad"]})
+
+    def test_max_unpool_matches_eager(self):
+        def step(x):
+            out, idx = F.max_pool2d(x, 2, return_indices=True)
+            return F.max_unpool2d(out, idx, 2, output_size=x.shape[-2:])
+
+        self.replay(step, lambda n: [torch.randn(2, 3, n, 6)], (8, 2, 5, 13), [(2,)],
+                    modes={"grad": MODES["grad"], "no_grad": MODES["no_grad"]})
+
+    def test_mismatch_is_refused_at_run_time(self):
+        # sizes eager refuses are refused when the graph runs, where they were equal at trace
+        def step(x, w):
+            return F.nll_loss(x, torch.zeros(x.shape[0], dtype=torch.long), weight=w)
+
+        torch._dynamo.reset()
+        compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+        x, w, other = torch.randn(3, 4), torch.rand(4), torch.rand(5)
+        for a in (x, w, other):
+            torch._dynamo.decorators.mark_unbacked(a, a.dim() - 1)
+        self.assertEqual(compiled(x, w), step(x, w))
+        with self.assertRaises(RuntimeError):
+            step(x, other)
+        with self.assertRaisesRegex(AssertionError, "size"):
+            compiled(x, other)
+
+
+class TestEmptyAndOneSizeFastPathsUnbacked(_ReplayTestCase):
+    """Fast paths for an empty input or a size of 1 guarded on unbacked sizes (Eq(u0*u1, 0)):
+    logsumexp, roll, channel_shuffle, addmv, cummax, _chunk_cat's padding and interpolate's
+    align_corners scale. A size that may be 0 or 1 takes the general path, made exact there."""
+
+    @staticmethod
+    def step(x, v):
+        return (torch.logsumexp(x, -1), torch.logsumexp(x, (0, 2), keepdim=True),
+                torch.roll(x, 3, 1), torch.roll(x, (1, -2), (0, 2)), torch.roll(x, 5),
+                torch.addmv(x.new_ones(x.shape[0]), x.flatten(1), v),
+                F.interpolate(x, scale_factor=1.7, mode="linear", align_corners=True))
+
+    @staticmethod
+    def make(n):
+        return [torch.randn(n, n % 4 + 1, n % 3 + 1), torch.randn((n % 4 + 1) * (n % 3 + 1))]
+
+    def test_modes_match_eager(self):
+        self.replay(self.step, self.make, (4, 0, 1, 2, 3, 7, 13), [(0, 1, 2), (0,)])
+
+    def test_without_grad(self):
+        # cummax's backward and _chunk_cat's (it has none) are not part of these fixes
+        def step(x):
+            return (torch.cummax(x, 1), F.channel_shuffle(x.unsqueeze(1).expand(-1, 2, -1, -1), 2),
+                    torch._chunk_cat([x.flatten(1) + 1], 1, 3))
+
+        self.replay(step, lambda n: [torch.randn(n, n % 5 + 1, 3)], (2, 1, 3, 5, 13),
+                    [(0, 1)], modes={"no_grad": MODES["no_grad"]})
+
+    def test_static_sizes_take_the_fast_paths(self):
+        # no size symbolic: the graph is the one stock traces (no sym_max, no padding)
+        gm = make_fx(self.step)(torch.randn(2, 3, 4), torch.randn(12))
+        self.assertNotIn("sym_max", gm.code)
+        self.assertNotIn("aten.cat", gm.code)
+
+
 if __name__ == "__main__":
     run_tests()

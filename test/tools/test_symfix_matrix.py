@@ -241,7 +241,7 @@ class TestOutcomeCache(TestCase):
         patcher.start()
         self.addCleanup(patcher.stop)
 
-    def env(self, name: str, torch_version: str) -> Path:
+    def env(self, name: str, torch_version: str, requirements=()) -> Path:
         env = self.tmp / name
         (env / "bin").mkdir(parents=True)
         (env / "bin" / "python").symlink_to(sys.executable)
@@ -249,7 +249,8 @@ class TestOutcomeCache(TestCase):
         version.parent.mkdir(parents=True)
         version.write_text(f"__version__ = {torch_version!r}\n")
         (env / envs.MARKER).write_text(json.dumps(
-            {"python": sys.executable, "requirements": [], "torch_version": torch_version}))
+            {"python": sys.executable, "requirements": list(requirements),
+             "torch_version": torch_version}))
         return env / "bin" / "python"
 
     def runs(self, python: Path, times: int, **kw) -> list[str]:
@@ -265,6 +266,17 @@ class TestOutcomeCache(TestCase):
         # another switch of the tests (the Triton path) is another run
         self.assertEqual(self.runs(python, 1, extra_env=matrix.TRITON_ENV), ["failed"])
         self.assertEqual(self.ran.read_text().count("ran"), 2)
+
+    def test_triton_keys_only_the_triton_column(self):
+        # one base's oracle (no triton installed) and another's stock column (its triton) are
+        # one torch: the second reuses the first's outcomes, except on the Triton path
+        oracle = self.env("upstream", "2.15.0+cu132", ["pytest"])
+        stock = self.env("stock", "2.15.0+cu132", ["pytest", "triton==3.9.0"])
+        self.assertEqual(self.runs(oracle, 1) + self.runs(stock, 1), ["failed", "failed"])
+        self.assertEqual(self.ran.read_text().count("ran"), 1)
+        self.runs(stock, 1, extra_env=matrix.TRITON_ENV)
+        self.runs(oracle, 1, extra_env=matrix.TRITON_ENV)
+        self.assertEqual(self.ran.read_text().count("ran"), 3)
 
     def test_patched_build_never_kept(self):
         python = self.env("patched", "2.15.0+cu132.symfix29")
