@@ -1,6 +1,7 @@
 # Owner(s): ["oncall: pt2"]
 import contextlib
 import operator
+import unittest.mock
 
 import torch
 import torch.nn.functional as F
@@ -376,6 +377,54 @@ class TestReplicationPadUnbacked(TestCase):
                     self.assertEqual(counter.frame_count, 1)
                     for shape in ((3, 2, 4, 1), (2, 2, 1, 5)):
                         self._replay(compiled, mode, requires_grad, shape)
+
+
+class TestOptimizationHintWideExpressions(TestCase):
+    """ShapeEnv.optimization_hint of an expression over hundreds of unbacked symbols, with as many
+    equalities between unbacked expressions recorded (pytorch#185235: minutes in SymPy's subs,
+    from Inductor's heuristics on a wide MoE graph). SymPy's subs rebuilds the expression once per
+    key; the hint takes a bounded number of such rebuilds."""
+
+    @staticmethod
+    def shape_env(n):
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        env = ShapeEnv()
+        a = [env.create_unbacked_symint() for _ in range(n)]
+        b = [env.create_unbacked_symint() for _ in range(n)]
+        for x in a + b:
+            torch._check(x >= 0)
+        for i in range(n - 1):  # equalities of expressions: replacements keyed by expressions
+            torch._check(a[i] + b[i] == a[i + 1] * 2 + b[i + 1])
+        return env, [x.node.expr for x in a], [x.node.expr for x in b]
+
+    @contextlib.contextmanager
+    def subs_keys(self):
+        """How many keys each sympy subs call was given, while the block runs."""
+        import sympy
+
+        seen, subs = [], sympy.Basic.subs
+
+        def counting(expr, *args, **kwargs):
+            seen.append(len(args[0]) if args and isinstance(args[0], dict) else 1)
+            return subs(expr, *args, **kwargs)
+
+        with unittest.mock.patch.object(sympy.Basic, "subs", counting):
+            yield seen
+
+    def test_wide_expression_bounded_substitution(self):
+        env, a, b = self.shape_env(300)
+        wide = sum((i + 1) * x for i, x in enumerate(a)) + sum(b)
+        with self.subs_keys() as seen:
+            self.assertEqual(env.optimization_hint(wide, fallback=0), 0)
+        self.assertLessEqual(sum(seen), 64, msg=f"subs calls with {sorted(seen)[-3:]} keys")
+
+    def test_narrow_expression_keeps_the_equalities(self):
+        # few symbols: the recorded equalities still make the hint consistent with them
+        env, a, b = self.shape_env(3)
+        lhs, rhs = a[0] + b[0], 2 * a[1] + b[1]
+        self.assertEqual(env.optimization_hint(lhs - rhs, fallback=5), 0)
+        self.assertEqual(env.optimization_hint(a[0] * 3, fallback=5), 15)
 
 
 if __name__ == "__main__":

@@ -1644,5 +1644,33 @@ class TestEmptyAndOneSizeFastPathsUnbacked(_ReplayTestCase):
         self.assertNotIn("aten.cat", gm.code)
 
 
+class TestSplitIterationRangesUnbacked(TestCase):
+    """SIMDKernel._split_iteration_ranges over an unbacked leftover extent (pytorch#194972): the
+    last check asked the leftover's hint whether it is 1 and raised from the ShapeEnv, where a
+    leftover that does not tile is CantSplit, which is_compatible (fusion) answers with False."""
+
+    def setUp(self):
+        super().setUp()
+        self.shape_env = ShapeEnv()
+        graph = torch.fx.Graph()
+        graph.output(None)
+        self.graph = GraphLowering(torch.fx.GraphModule({}, graph), shape_env=self.shape_env)
+
+    def compatible(self, groups, lengths):
+        from torch._inductor.codegen.simd import SIMDKernel
+
+        with V.set_graph_handler(self.graph):
+            return SIMDKernel.is_compatible(groups, lengths)
+
+    def test_unbacked_leftover_is_not_compatible(self):
+        u0 = self.shape_env.create_unbacked_symint()
+        torch._check(u0 >= 0)
+        self.assertFalse(self.compatible((4 * u0.node.expr, sympy.S.One), [[sympy.Integer(4)], []]))
+
+    def test_static_leftovers(self):
+        self.assertTrue(self.compatible((sympy.Integer(4), sympy.S.One), [[sympy.Integer(4)], []]))
+        self.assertFalse(self.compatible((sympy.Integer(8), sympy.S.One), [[sympy.Integer(4)], []]))
+
+
 if __name__ == "__main__":
     run_tests()

@@ -28,18 +28,20 @@ MAIN = 'if __name__ == "__main__":\n    run_tests()\n'
 # symfix's own tests (of the tooling, and a source-only fix's check compiled against a wheel's
 # headers) stay here: upstream runs a fix's tests in its own source build.
 TOOLING = "test/tools/"
-# The DTensor scoreboard's per-op tests read their expectations from symfix's data
-# (patches/<series>/dtensor_unbacked.toml); upstream's file at that path has its own
-# TestUnbackedDTensorOps, whose expectations are its ops_unbacked_dtensor_dde list: a PR drops
-# the ops it fixes from that list (docs/upstreaming.md) and carries the fix's other tests.
-SCOREBOARD = "test/distributed/tensor/test_dtensor_ops.py::TestUnbackedDTensorOps"
+# The scoreboards' per-op tests read their expectations from symfix's data
+# (patches/<series>/ops_unbacked.toml, dtensor_unbacked.toml); upstream's files at those paths
+# have their own TestOpsUnbacked and TestUnbackedDTensorOps, whose expectations are its
+# ops_dde_xfail and ops_unbacked_dtensor_dde lists: a PR drops the ops it fixes from those lists
+# (our mails do, in common_ops_unbacked.py) and carries the fix's other tests.
+SCOREBOARDS = ("test/test_ops_unbacked.py::TestOpsUnbacked",
+               "test/distributed/tensor/test_dtensor_ops.py::TestUnbackedDTensorOps")
 
 
 def wanted(fix: Fix) -> dict[str, dict[str, set[str] | None]]:
     """file -> class (or module-level test function) -> the test methods named (None: all)."""
     out: dict[str, dict[str, set[str] | None]] = defaultdict(dict)
     for test in fix.tests:
-        if test.startswith((TOOLING, SCOREBOARD)):
+        if test.startswith((TOOLING, *SCOREBOARDS)):
             continue
         path, name, *method = test.split("::")
         have = out[path].setdefault(name, set() if method else None)

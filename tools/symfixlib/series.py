@@ -294,16 +294,16 @@ BASES_BEGIN, BASES_END = "<!-- bases-table: begin -->", "<!-- bases-table: end -
 def bases_table(all_series: list[Series]) -> str:
     """One row per base release: its series, how many mails, and what they carry."""
     rows = ["| base | series | mails (wheel) | in base | upstream fixes carried | "
-            "our fixes carried | DTensor ops failing, stock → patched |",
-            "|---|---|---|---|---|---|---|"]
+            "our fixes carried | ops failing, stock → patched | DTensor ops failing, stock → "
+            "patched |", "|---|---|---|---|---|---|---|---|"]
 
     def numbers(s: Series, status: str) -> str:
         return " ".join(sorted(f.patch[:4] for f in s.fixes if f.status == status)) or "–"
 
-    def scoreboard(s: Series) -> str:
-        """test_dtensor_ops.py's ops that fail with every size unbacked: [xfail] fail patched,
-        [fixed] as well on the stock release."""
-        path = s.patches[0].path.parent / "dtensor_unbacked.toml" if s.patches else None
+    def scoreboard(s: Series, name: str) -> str:
+        """A scoreboard's ops that fail with every size unbacked (test_ops_unbacked.py,
+        test_dtensor_ops.py): [xfail] fail patched, [fixed] as well on the stock release."""
+        path = s.patches[0].path.parent / name if s.patches else None
         if path is None or not path.exists():
             return "–"
         data = tomllib.loads(path.read_text())
@@ -314,7 +314,8 @@ def bases_table(all_series: list[Series]) -> str:
         where = f"`patches/{shared}/`" + ("" if shared == s.base["tag"] else " (same mails)")
         rows.append(f"| {s.base['version']} | {where} | {len(s.patches)} ({len(s.wheel_patches)})"
                     f" | {sum(f.status == 'in-base' for f in s.fixes)} | {numbers(s, 'patch')} | "
-                    f"{numbers(s, 'original')} | {scoreboard(s)} |")
+                    f"{numbers(s, 'original')} | {scoreboard(s, 'ops_unbacked.toml')} | "
+                    f"{scoreboard(s, 'dtensor_unbacked.toml')} |")
     return "\n".join(rows)
 
 
