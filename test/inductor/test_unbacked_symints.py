@@ -1672,5 +1672,29 @@ class TestSplitIterationRangesUnbacked(TestCase):
         self.assertFalse(self.compatible((sympy.Integer(8), sympy.S.One), [[sympy.Integer(4)], []]))
 
 
+class TestUserReportsUnbacked(TestCase):
+    """Users' reports upstream (issue 44), kept as guards: they pass on every base we carry."""
+
+    def test_slice_to_a_data_dependent_total(self):
+        # pytorch#166460: x[:total] with total from .tolist(), then split and padding, failed in
+        # Inductor ("failed OrderedSet([]) >= OrderedSet([u8])"); one graph serves other counts
+        def step(x, counts):
+            c = counts.tolist()
+            total = sum(c)
+            y = x[:total]
+            parts = [p * (i + 1) for i, p in enumerate(torch.split(y, c))]
+            return torch.cat([*parts, y.new_zeros(x.shape[0] - total, x.shape[1])])
+
+        with torch._dynamo.config.patch(capture_scalar_outputs=True):
+            torch._dynamo.reset()
+            counter = CompileCounterWithBackend("inductor")
+            compiled = torch.compile(step, backend=counter, fullgraph=True)
+            x = torch.randn(16, 4)
+            for counts in ([3, 5, 2], [0, 16, 0], [1, 1, 13], [4, 0, 0]):
+                counts = torch.tensor(counts)
+                self.assertEqual(compiled(x, counts), step(x, counts), msg=str(counts))
+            self.assertEqual(counter.frame_count, 1)
+
+
 if __name__ == "__main__":
     run_tests()

@@ -1013,6 +1013,40 @@ class TestDTensorLocalTensorMarkedUnbacked(_FakeWorldTestCase):
         self.assertEqual(counter.frame_count, 1)
 
 
+class TestDTensorUserReportsUnbacked(_FakeWorldTestCase):
+    """Users' reports upstream (issue 44), kept as guards: they pass on every base we carry."""
+
+    def test_shard_then_replicate_keeps_an_unbacked_size(self):
+        # pytorch#175690: Shard -> Replicate of an unbacked size s gave 2*ceil(s/2) rows; one
+        # graph, replayed at odd and even sizes and 1, equals eager
+        def round_trip(full):
+            dt = DTensor.from_local(full, self.mesh, [Replicate()])
+            dt = dt.redistribute(self.mesh, [Shard(0)]).redistribute(self.mesh, [Replicate()])
+            return dt.to_local().view(full.shape[0], -1) + full
+
+        counter = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(round_trip, backend=counter, fullgraph=True)
+        for n in (10, 7, 1, 3):
+            x = torch.randn(n, 4)
+            mark_unbacked(x, 0)
+            self.assertEqual(compiled(x), round_trip(x), msg=f"size {n}")
+        self.assertEqual(counter.frame_count, 1)
+
+    def test_hinted_even_unbacked_shard_pads_nothing(self):
+        # pytorch#183678: a size hinted even for the mesh took the padding path, which needed
+        # concrete sizes; padding and unpadding keep the symbolic sizes
+        mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
+        with mode:
+            n = mode.shape_env.create_unbacked_symint()
+            torch._dynamo.override_optimization_hint(n, 12)
+            for chunks in (2, 4):
+                local = torch.empty(n // chunks, 3)
+                padded = Shard(0)._maybe_pad_tensor(local, n, chunks)
+                unpadded = Shard(0)._maybe_unpad_tensor(torch.empty(n, 3), n, chunks)
+                self.assertEqual(str(padded.shape[0]), str(local.shape[0]))
+                self.assertEqual(str(unpadded.shape[0]), str(n))
+
+
 class TestDTensorStridedShardUnbacked(TestCase):
     """
     Sequence-sharded activations [B, S, D] (Shard(1)) with an unbacked batch
