@@ -148,7 +148,7 @@ class TestSuiteShards(TestCase):
                   mock.patch.object(matrix, "LOGS", logs)):
                 matrix.run_columns(SERIES, {"stock": Path("stock"), "patched": Path("p")}, {})
         self.assertEqual(started, ["suite-tools", "suite-distributed", "suite-inductor",
-                                   "matrix-stock+triton", "matrix-patched+triton", *CONTROL_JOBS,
+                                   "suite-ops", "matrix-stock+triton", "matrix-patched+triton", *CONTROL_JOBS,
                                    "suite-audit", "matrix-stock", "suite-rest"])
 
 
