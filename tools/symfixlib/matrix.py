@@ -79,6 +79,19 @@ TRITON = "+triton"
 TRITON_ENV = {"SYMFIX_INDUCTOR": "triton"}
 
 
+# The scoreboards' per-op tests, hundreds of short ones, are a job of their own beside each
+# column's other tests, so that both cores stay busy to the end of a matrix.
+SCOREBOARD_TESTS = ("test/test_ops_unbacked.py::", "test/distributed/tensor/test_dtensor_ops.py::")
+OPS_JOB = "+ops"
+
+
+def parts(ids: list[str]) -> dict[str, list[str]]:
+    """A column's test ids by job: the scoreboards' (suffix OPS_JOB) and the rest (no suffix)."""
+    ops = [t for t in ids if t.startswith(SCOREBOARD_TESTS)]
+    rest = [t for t in ids if not t.startswith(SCOREBOARD_TESTS)]
+    return {"": rest, OPS_JOB: ops} if ops else {"": rest}
+
+
 # A test's outcome on an official wheel does not change while the tests do not. In one CI run the
 # 2.14.1 matrix's oracle and the 2.15.0 matrix's stock column are the torch 2.15.0 on which the
 # 2.13.0 matrix's oracle has already run most of the same tests: each such outcome is kept, keyed
@@ -160,6 +173,10 @@ def run_tests(python: Path, test_ids: list[str], log: Path, control: str | None 
                 outcomes = json.loads(result.read_text())
             summary = (log.read_text().strip().splitlines() or ["no output"])[-1].strip("= ")
     if cache:
+        try:  # what a job beside this one kept meanwhile
+            known = json.loads(cache.read_text()) | known
+        except (OSError, ValueError):
+            pass
         known |= {t: o for t in test_ids if (o := outcomes.get(t)) in CACHED}
         cache.parent.mkdir(parents=True, exist_ok=True)
         part = cache.with_suffix(".part")
@@ -181,12 +198,15 @@ def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, s
     """
     ids = all_test_ids(series)
     jobs: dict[str, Callable[[], Run]] = {
-        role: partial(run_tests, python, ids, log=LOGS / f"matrix-{role}.log", extra_env=env)
-        for role, python in pythons.items() if role != "patched" and not isinstance(python, str)}
-    shards = ({name: (paths, f"suite-{name}") for name, paths in SUITE_SHARDS.items()} if suite
-              else {"patched": (None, "matrix-patched")})
-    for name, (paths, log) in shards.items():
-        jobs[name] = partial(run_tests, pythons["patched"], ids, log=LOGS / f"{log}.log",
+        role + job: partial(run_tests, python, part, log=LOGS / f"matrix-{role}{job}.log",
+                            extra_env=env)
+        for role, python in pythons.items() if role != "patched" and not isinstance(python, str)
+        for job, part in parts(ids).items()}
+    shards = ({name: (paths, f"suite-{name}", ids) for name, paths in SUITE_SHARDS.items()}
+              if suite else {f"patched{job}": (None, f"matrix-patched{job}", part)
+                             for job, part in parts(ids).items()})
+    for name, (paths, log, shard_ids) in shards.items():
+        jobs[name] = partial(run_tests, pythons["patched"], shard_ids, log=LOGS / f"{log}.log",
                              suite=paths, extra_env=env)
     if triton_ids := [t for fix in series.rows for t in fix.triton_tests]:
         for role, python in pythons.items():
@@ -212,10 +232,14 @@ def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, s
 
     suite_runs = {name: runs.pop(name) for name in shards}
     merged = {t: next((r.outcomes[t] for r in suite_runs.values()
-                       if r.outcomes[t] != "missing"), "missing") for t in ids}
+                       if r.outcomes.get(t, "missing") != "missing"), "missing") for t in ids}
+
+    def column(role: str) -> dict[str, str]:
+        return {t: o for job in parts(ids) for t, o in runs.pop(role + job).outcomes.items()}
+
     results: dict[str, dict[str, str] | str] = {  # the columns in the order of ``pythons``
         role: merged if role == "patched" else python if isinstance(python, str)
-        else runs.pop(role).outcomes for role, python in pythons.items()}
+        else column(role) for role, python in pythons.items()}
     if triton_ids:
         results |= {role + TRITON: python if isinstance(python, str)
                     else runs.pop(role + TRITON).outcomes for role, python in pythons.items()}
