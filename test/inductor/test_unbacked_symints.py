@@ -1641,6 +1641,27 @@ class TestEmptyAndOneSizeFastPathsUnbacked(_ReplayTestCase):
         self.replay(step, lambda n: [torch.randn(n, n % 5 + 1, 3)], (2, 1, 3, 5, 13),
                     [(0, 1)], modes={"no_grad": MODES["no_grad"]})
 
+    def test_known_non_empty_reduced_dim_is_not_padded(self):
+        # logsumexp over a static vocabulary of an unbacked batch (a router's z-loss, say):
+        # only a reduced dim that may be empty costs the -inf column
+        from torch._dynamo.backends.common import aot_autograd
+
+        graphs = []
+        backend = aot_autograd(
+            fw_compiler=lambda gm, _: graphs.append(gm.code) or gm,
+            decompositions=torch._decomp.get_decompositions([torch.ops.aten.logsumexp]))
+        torch._dynamo.reset()
+        for dims in ((0,), (0, 1)):
+            x = torch.randn(6, 5)
+            for d in dims:
+                torch._dynamo.decorators.mark_unbacked(x, d)
+            got = torch.compile(lambda t: torch.logsumexp(t, -1), backend=backend,
+                                fullgraph=True)(x)
+            self.assertEqual(got, torch.logsumexp(x, -1))
+            torch._dynamo.reset()
+        self.assertNotIn("cat", graphs[0])
+        self.assertIn("cat", graphs[1])
+
     def test_static_sizes_take_the_fast_paths(self):
         # no size symbolic: the graph is the one stock traces (no sym_max, no padding)
         gm = make_fx(self.step)(torch.randn(2, 3, 4), torch.randn(12))
