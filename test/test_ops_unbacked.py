@@ -42,19 +42,20 @@ def op_key(op) -> str:
 
 
 @functools.cache
-def scoreboard_data() -> dict:
-    """This torch's base's data: its own series' file, or the one of the series it shares."""
+def scoreboard_data(name: str = "ops_unbacked.toml") -> dict:
+    """A scoreboard's data (``name``, beside this torch's base's manifest): its own series'
+    file, or the one of the series it shares. test_dtensor_ops.py reads its own this way."""
     from packaging.version import Version
 
     pdir = ROOT / "patches" / f"v{Version(torch.__version__).public}"
     manifest = tomllib.loads((pdir / "manifest.toml").read_text())
     if of := manifest.get("series-of"):
         pdir = ROOT / "patches" / of
-    return tomllib.loads((pdir / "ops_unbacked.toml").read_text())
+    return tomllib.loads((pdir / name).read_text())
 
 
 class Skip(Exception):
-    """The op has no sample to mark or eager refuses it: not a result either way."""
+    """The op has no sample to use or eager refuses it: not a result either way."""
 
 
 def _tensors(tree):
@@ -137,14 +138,14 @@ def check_op(testcase, op):
                     testcase.assertTrue(_same(g, r), msg=f"{op_key(op)}: output {i} differs")
 
 
-def _expected_to_fail(op):
-    """``op`` with upstream's xfail decoration where this symfix build's series lists it in
-    [xfail]. A stock release runs every op as it is: the matrix reads its failures."""
-    if not SYMFIX_BUILD or op_key(op) not in scoreboard_data()["xfail"]:
+def expected_to_fail(op, data: str, test_class: str, test_name: str):
+    """``op`` with upstream's xfail decoration of ``test_class.test_name`` where this symfix
+    build's series lists it in the [xfail] of ``data``. A stock release runs every op as it is:
+    the matrix reads its failures."""
+    if not SYMFIX_BUILD or op_key(op) not in scoreboard_data(data)["xfail"]:
         return op
     op = copy.copy(op)
-    op.decorators = (*op.decorators, DecorateInfo(
-        unittest.expectedFailure, "TestOpsUnbacked", "test_unbacked"))
+    op.decorators = (*op.decorators, DecorateInfo(unittest.expectedFailure, test_class, test_name))
     return op
 
 
@@ -154,7 +155,8 @@ class TestOpsUnbacked(TestCase):
         torch._dynamo.reset()
         super().tearDownClass()
 
-    @ops([_expected_to_fail(op) for op in OPS], allowed_dtypes=(torch.float32,))
+    @ops([expected_to_fail(op, "ops_unbacked.toml", "TestOpsUnbacked", "test_unbacked")
+          for op in OPS], allowed_dtypes=(torch.float32,))
     def test_unbacked(self, device, dtype, op):
         try:
             check_op(self, op)

@@ -21,11 +21,7 @@ proofs. ``[upstream-xfail-passing]``: ops upstream's
 own list (``ops_unbacked_dtensor_dde``) expects to fail that pass on the stock release here.
 """
 
-import copy
-import functools
-import importlib.util
-import tomllib
-import unittest
+import sys
 from pathlib import Path
 
 import torch
@@ -34,40 +30,22 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.testing._internal.common_device_type import instantiate_device_type_tests, ops
-from torch.testing._internal.common_methods_invocations import DecorateInfo, op_db
 from torch.testing._internal.common_utils import run_tests, TestCase
 from torch.testing._internal.distributed._tensor.common_dtensor import DTensorConverter
 from torch.testing._internal.distributed.fake_pg import FakeStore
-from torch.utils._pytree import tree_flatten
 
-ROOT = Path(__file__).resolve().parents[3]
-SYMFIX_BUILD = importlib.util.find_spec("torch._symfix") is not None
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # test/: the base-op scoreboard
+from test_ops_unbacked import (  # noqa: E402 - its op list, data and checks serve both
+    _describe,
+    _tensors,
+    expected_to_fail,
+    op_key,
+    OPS,
+    Skip,
+    UNINITIALIZED,
+)
+
 WORLD_SIZE = 2
-OPS = [op for op in op_db if torch.float32 in op.supported_dtypes("cpu")]
-
-
-def op_key(op) -> str:
-    return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
-
-
-@functools.cache
-def scoreboard_data() -> dict:
-    """This torch's base's data: its own series' file, or the one of the series it shares."""
-    from packaging.version import Version
-
-    pdir = ROOT / "patches" / f"v{Version(torch.__version__).public}"
-    manifest = tomllib.loads((pdir / "manifest.toml").read_text())
-    if of := manifest.get("series-of"):
-        pdir = ROOT / "patches" / of
-    return tomllib.loads((pdir / "dtensor_unbacked.toml").read_text())
-
-
-class Skip(Exception):
-    """The op has nothing to convert or eager DTensor refuses it: not a result either way."""
-
-
-def _tensors(tree):
-    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
 
 
 def _sample(op):
@@ -100,10 +78,6 @@ def _mark_unbacked(tree):
                     torch._dynamo.decorators.mark_unbacked(t, dim)
 
 
-def _describe(out):
-    return [(tuple(t.shape), t.dtype) for t in _tensors(out)]
-
-
 def _comparable(t):
     t = t.to_local() if isinstance(t, DTensor) else t
     return t.to(torch.complex64) if t.dtype == torch.complex32 else t  # no CPU kernels
@@ -129,10 +103,6 @@ def _expected_locals(out, plain):
     """Rank 0's part of the plain-tensor result, under ``out``'s placements (None: not known)."""
     return [_rank0_view(p, o.placements) if isinstance(o, DTensor) else p
             for o, p in zip(_tensors(out), _tensors(plain))]
-
-
-# Ops whose result is uninitialized memory: only their shape and dtype are compared.
-UNINITIALIZED = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")
 
 
 def check_op(testcase, op, mesh):
@@ -177,17 +147,6 @@ def check_op(testcase, op, mesh):
                 testcase.assertTrue(_same(g, e), msg=f"{msg}: output {i} differs from eager")
 
 
-def _expected_to_fail(op):
-    """``op`` with upstream's xfail decoration where this symfix build's series lists it in
-    [xfail]. A stock release runs every op as it is: the matrix reads its failures."""
-    if not SYMFIX_BUILD or op_key(op) not in scoreboard_data()["xfail"]:
-        return op
-    op = copy.copy(op)
-    op.decorators = (*op.decorators, DecorateInfo(
-        unittest.expectedFailure, "TestUnbackedDTensorOps", "test_unbacked_dtensor"))
-    return op
-
-
 class TestUnbackedDTensorOps(TestCase):
     @classmethod
     def setUpClass(cls):
@@ -201,7 +160,8 @@ class TestUnbackedDTensorOps(TestCase):
         torch._dynamo.reset()
         super().tearDownClass()
 
-    @ops([_expected_to_fail(op) for op in OPS], allowed_dtypes=(torch.float32,))
+    @ops([expected_to_fail(op, "dtensor_unbacked.toml", "TestUnbackedDTensorOps",
+                           "test_unbacked_dtensor") for op in OPS], allowed_dtypes=(torch.float32,))
     def test_unbacked_dtensor(self, device, dtype, op):
         try:
             check_op(self, op, self.mesh)
