@@ -1503,6 +1503,280 @@ class TestLossTargetSizeUnbacked(_ReplayTestCase):
             torch.jit.script(torch.nn.BCEWithLogitsLoss())(torch.randn(3), torch.rand(4))
 
 
+class TestCrossEntropyUnbacked(_ReplayTestCase):
+    """cross_entropy over unbacked batch, class and spatial sizes: ATen's composite asked every
+    size whether a target has the input's shape (Eq(u0, u2)), nll_loss_nd whether the input is
+    empty (u1*u2 > 0). Traced, the composites are Python's: the size checks are runtime checks
+    and the answers are ATen's, probability targets, label smoothing, a class weight and an
+    ignored index included."""
+
+    def test_class_index_and_probability_targets(self):
+        weight = torch.rand(5)
+
+        def losses(x, idx, prob):
+            return (F.cross_entropy(x, idx), F.cross_entropy(x, prob),
+                    F.cross_entropy(x, idx, weight=weight, reduction="sum"),
+                    F.cross_entropy(x, prob, weight=weight, reduction="none"),
+                    F.cross_entropy(x, idx, label_smoothing=0.1, ignore_index=2),
+                    F.cross_entropy(x, prob, label_smoothing=0.2),
+                    F.cross_entropy(x, idx, weight=weight, label_smoothing=0.3))
+
+        self.replay(losses, lambda n: [torch.randn(n, 5), torch.randint(0, 5, (n,)),
+                                       torch.rand(n, 5).softmax(1)],
+                    (4, 1, 0, 7, 129), [(0,), (0,), (0,)], modes={"grad": MODES["grad"]})
+
+    def test_spatial_dims_and_modes(self):
+        # (batch, classes, sequence): nll_loss_nd flattens the sequence
+        def losses(x, idx, prob):
+            return (F.cross_entropy(x, idx), F.cross_entropy(x, idx, reduction="none"),
+                    F.cross_entropy(x, prob, reduction="sum"))
+
+        self.replay(losses, lambda n: [torch.randn(2, 3, n), torch.randint(0, 3, (2, n)),
+                                       torch.rand(2, 3, n)],
+                    (5, 1, 0, 2, 13), [(0, 2), (0, 1), (0, 2)])
+
+    def test_other_target_size_is_refused_at_run_time(self):
+        torch._dynamo.reset()
+        compiled = torch.compile(F.cross_entropy, backend="aot_eager", fullgraph=True)
+        x, t, other = torch.randn(4, 3), torch.rand(4, 3), torch.rand(5, 3)
+        for a in (x, t, other):
+            torch._dynamo.decorators.mark_unbacked(a, 0)
+        self.assertEqual(compiled(x, t), F.cross_entropy(x, t))
+        # loud, as in TestLossTargetSizeUnbacked: Dynamo's guard on the asserted equality fails
+        # before the graph's own assertion runs (stock cannot compile)
+        with self.assertRaises((RuntimeError, AssertionError)):
+            compiled(x, other)
+
+    def test_static_sizes_trace_as_before(self):
+        # guard: with sizes known, the traced tensor ops are ATen's composite's and the values
+        # eager's (TorchScript and eager run ATen's own composite)
+        x, idx, prob = torch.randn(4, 5), torch.randint(0, 5, (4,)), torch.rand(4, 5)
+        g = make_fx(lambda x, t: F.cross_entropy(x, t), tracing_mode="symbolic")(x, prob)
+        ops = [str(n.target) for n in g.graph.nodes
+               if n.op == "call_function" and str(n.target).startswith("aten.")
+               and not str(n.target).startswith("aten.sym_")]
+        self.assertExpectedInline(" ".join(ops), """aten._log_softmax.default aten.mul.Tensor aten.sum.default aten.neg.default aten.div.Scalar""")
+        self.assertEqual(g(x, prob), F.cross_entropy(x, prob))
+        w = torch.rand(5)
+        def weighted(kwargs):
+            return lambda x, t, w: F.cross_entropy(x, t, weight=w, **kwargs)
+
+        for kwargs in ({}, {"label_smoothing": 0.1}, {"ignore_index": 1}):
+            loss = weighted(kwargs)
+            g = make_fx(loss, tracing_mode="symbolic")(x, idx, w)
+            self.assertEqual(g(x, idx, w), loss(x, idx, w))
+
+
+class TestGroupNormUnbacked(_ReplayTestCase):
+    """group_norm over unbacked batch, channel and spatial sizes: ATen's composite checked
+    that the channels divide into the groups by guarding (Eq(Mod(u0, 2), 0)); traced, the
+    check is a runtime assertion and the rest is ATen's, op for op."""
+
+    def test_modes_match_eager(self):
+        def fn(x, w, b):
+            return F.group_norm(x, 2, w, b), F.group_norm(x, 4)
+
+        self.replay(fn, lambda n: [torch.randn(n, 4, n + 2), torch.randn(4), torch.randn(4)],
+                    (3, 1, 0, 7, 33), [(0, 2), (), ()])
+
+    def test_unbacked_channels(self):
+        def fn(x, w):
+            return F.group_norm(x, 3, w)
+
+        self.replay(fn, lambda n: [torch.randn(2, 3 * n, 5), torch.randn(3 * n)], (2, 1, 5),
+                    [(1,), (0,)], modes={"grad": MODES["grad"]})
+        # channels the groups do not divide: eager raises, the graph's assertion too
+        compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+        x, w = torch.randn(2, 4, 5), torch.randn(4)
+        torch._dynamo.decorators.mark_unbacked(x, 1)
+        torch._dynamo.decorators.mark_unbacked(w, 0)
+        with self.assertRaisesRegex(RuntimeError, "divisible by num_groups"):
+            fn(x, w)
+        with self.assertRaisesRegex(RuntimeError, "Runtime assertion failed"):
+            compiled(x, w)
+
+
+class TestIndexFillUnbacked(_ReplayTestCase):
+    """index_fill over unbacked sizes: the ref compared its result's strides with the input's
+    to keep them (Eq(Max(1, u1), u1)); strides not known to be equal are now copied, the same
+    values and the input's strides, as eager."""
+
+    def test_modes_match_eager(self):
+        def fn(x, idx):
+            return x.index_fill(1, idx, -1.0), x.t().index_fill(0, idx, 2.0) * 1
+
+        self.replay(fn, lambda n: [torch.randn(n, 5), torch.tensor([0, 3])], (4, 1, 0, 7, 33),
+                    [(0, 1), ()])
+
+    def test_strides_of_a_transposed_input(self):
+        def fn(x, idx):
+            return x.t().index_fill(0, idx, -1.0)
+
+        for backend in self.BACKENDS:
+            torch._dynamo.reset()
+            compiled = torch.compile(fn, backend=backend, fullgraph=True)
+            for n in (4, 1, 7):
+                x, idx = torch.randn(n, 6), torch.tensor([0, 2])
+                torch._dynamo.decorators.mark_unbacked(x, 0)
+                torch._dynamo.decorators.mark_unbacked(x, 1)
+                got, ref = compiled(x, idx), fn(x, idx)
+                self.assertEqual((got.stride(), got), (ref.stride(), ref))
+
+
+class TestTrapezoidUnbackedSamples(_ReplayTestCase):
+    """trapz/trapezoid over an unbacked sample count: ATen's composite asked the count
+    whether it is 0 (Eq(u1, 0)); traced, no size is asked where it is not known, and no
+    samples integrate to 0, ATen's answer."""
+
+    def test_modes_match_eager(self):
+        def fn(y, x):
+            return (torch.trapezoid(y, x), torch.trapz(y, dx=0.5),
+                    torch.trapezoid(y, dim=0), torch.trapz(y, x.unsqueeze(0).expand_as(y)))
+
+        self.replay(fn, lambda n: [torch.randn(3, n), torch.rand(n).cumsum(0)],
+                    (4, 1, 2, 7, 33), [(1,), (0,)])
+
+    def test_no_samples(self):
+        # 0 samples integrate to eager's 0 where no grad is needed; with grad, eager's 0
+        # needs none and the graph's would: refused at run time, loudly
+        def fn(y, x):
+            return torch.trapezoid(y, x), torch.trapz(y, dx=0.5)
+
+        make = lambda n: [torch.randn(3, n), torch.rand(n).cumsum(0)]  # noqa: E731
+        modes = {k: v for k, v in MODES.items() if k != "grad"}
+        self.replay(fn, make, (4, 0, 3), [(1,), (0,)], modes=modes)
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+        for n in (4, 0):
+            y, x = (t.requires_grad_() for t in make(n))
+            torch._dynamo.decorators.mark_unbacked(y, 1)
+            torch._dynamo.decorators.mark_unbacked(x, 0)
+            if n:
+                self.assertEqual(compiled(y, x), fn(y, x))
+            else:
+                with self.assertRaisesRegex(RuntimeError, "Runtime assertion failed"):
+                    compiled(y, x)
+
+    def test_static_sizes_trace_as_before(self):
+        # guard: with sizes known the traced tensor ops are ATen's composite's, in its order
+        y, x = torch.randn(3, 5), torch.rand(5).cumsum(0)
+        for f in (lambda y, x: torch.trapezoid(y, dx=0.5), lambda y, x: torch.trapz(y, x)):
+            g = make_fx(f, tracing_mode="symbolic")(y, x)
+            ops = [str(n.target) for n in g.graph.nodes if n.op == "call_function"
+                   and str(n.target).startswith("aten.") and "sym_" not in str(n.target)]
+            with self.subTest(ops=ops):
+                self.assertIn(ops, (
+                    ["aten.select.int", "aten.select.int", "aten.add.Tensor", "aten.mul.Scalar",
+                     "aten.sum.dim_IntList", "aten.sub.Tensor", "aten.mul.Scalar"],
+                    ["aten.view.default", "aten.slice.Tensor", "aten.slice.Tensor",
+                     "aten.sub.Tensor", "aten.slice.Tensor", "aten.slice.Tensor",
+                     "aten.add.Tensor", "aten.mul.Tensor", "aten.sum.dim_IntList",
+                     "aten.div.Scalar"]))
+                self.assertEqual(g(y, x), f(y, x))
+
+
+class TestPadCircularUnbacked(_ReplayTestCase):
+    """Circular padding over unbacked sizes: ATen's composite checked that the padding wraps
+    around at most once (1 <= u1) by guarding; traced, the checks are runtime checks and the
+    copies ATen's, with a convolution of circular padding as a model has it."""
+
+    def test_modes_match_eager(self):
+        conv = torch.nn.Conv1d(3, 4, 3, padding=1, padding_mode="circular")
+
+        def fn(x, y):
+            return (conv(x), F.pad(y, (1, 2, 2, 1), mode="circular"),
+                    F.pad(y, (-1, 1, 0, 2), mode="circular"))
+
+        self.replay(fn, lambda n: [torch.randn(n, 3, n + 2), torch.randn(2, 3, n + 2, n + 1)],
+                    (4, 1, 2, 7, 33), [(0, 2), (2, 3)])
+
+    def test_padding_past_the_size_is_refused_at_run_time(self):
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda y: F.pad(y, (2, 2), mode="circular"),
+                                 backend="aot_eager", fullgraph=True)
+        y = torch.randn(1, 2, 3)
+        torch._dynamo.decorators.mark_unbacked(y, 2)
+        self.assertEqual(compiled(y), F.pad(y, (2, 2), mode="circular"))
+        y = torch.randn(1, 2, 1)
+        torch._dynamo.decorators.mark_unbacked(y, 2)
+        with self.assertRaisesRegex(RuntimeError, "wrapping around more than once"):
+            F.pad(y, (2, 2), mode="circular")
+        # loud, as in TestLossTargetSizeUnbacked: Dynamo's guard on the checked size fails
+        # before the graph's own assertion runs (stock cannot compile)
+        with self.assertRaises((RuntimeError, AssertionError)):
+            compiled(y)
+
+
+class TestSumToSizeUnbacked(_ReplayTestCase):
+    """sum_to_size of a tensor whose sizes are unbacked (a gradient reduced to a broadcast
+    parameter's shape): ATen's composite asked each size whether it is 1 (Ne(1, u0)); traced,
+    expandability is a runtime check and a dim summed to 1 is summed unless known to be 1."""
+
+    def test_modes_match_eager(self):
+        def fn(x, b):
+            return x.sum_to_size(b.shape), x.sum_to_size(1, x.shape[1], 1), x.sum_to_size(())
+
+        # float64: Inductor sums in another order
+        self.replay(fn, lambda n: [torch.randn(n, n + 2, 3, dtype=torch.float64),
+                                   torch.randn(1, 3)], (4, 1, 0, 2, 7, 33), [(0, 1), ()])
+
+    def test_static_sizes_trace_as_before(self):
+        # guard: with sizes known the traced ops are ATen's composite's
+        x = torch.randn(3, 4, 5)
+        def to(size):
+            return lambda x: x.sum_to_size(size)
+
+        for size, want in (((4, 1), ["aten.sum.dim_IntList", "aten.view.default"]),
+                           ((1, 4, 5), ["aten.sum.dim_IntList"]), ((), ["aten.sum.default"])):
+            g = make_fx(to(size), tracing_mode="symbolic")(x)
+            ops = [str(n.target) for n in g.graph.nodes if n.op == "call_function"
+                   and str(n.target).startswith("aten.") and "sym_" not in str(n.target)]
+            self.assertEqual(ops, want)
+            self.assertEqual(g(x), x.sum_to_size(size))
+
+
+class TestLocalResponseNormUnbacked(_ReplayTestCase):
+    """local_response_norm over unbacked sizes asked whether the input is empty
+    (Eq(u0*u1, 0)); where that is not known the general path runs, which serves an empty
+    batch, and an empty channel or spatial dim is refused at run time."""
+
+    def test_modes_match_eager(self):
+        # (a 4-D or larger input views its trailing dims as -1: an empty one is refused at
+        # run time, loudly)
+        def fn(x):
+            return F.local_response_norm(x, 3), F.local_response_norm(x * 2, 2)
+
+        make = lambda n: [torch.randn(n, 5, n + 2, dtype=torch.float64)]  # noqa: E731
+        self.replay(fn, make, (4, 1, 0, 2, 7, 33), [(0, 2)], modes={"grad": MODES["grad"]})
+        # without grad mode eager's empty result is the input itself, which needs grad; the
+        # graph's would not: an empty input is refused there, at run time
+        modes = {k: v for k, v in MODES.items() if k != "grad"}
+        self.replay(fn, make, (4, 1, 2, 7), [(0, 2)], modes=modes)
+
+    def test_empty_spatial_dim_is_refused_at_run_time(self):
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda x: F.local_response_norm(x, 2), backend="aot_eager",
+                                 fullgraph=True)
+        for n in (3, 0):
+            x = torch.randn(2, 4, n)
+            torch._dynamo.decorators.mark_unbacked(x, 2)
+            if n:
+                self.assertEqual(compiled(x), F.local_response_norm(x, 2))
+            else:
+                self.assertEqual(F.local_response_norm(x, 2).shape, x.shape)  # eager: x
+                # loud: the graph's assertion, or Dynamo's guard on it first
+                with self.assertRaises((RuntimeError, AssertionError)):
+                    compiled(x)
+
+    def test_script_and_static_sizes_as_before(self):
+        module = torch.nn.LocalResponseNorm(2)
+        scripted = torch.jit.script(module)
+        for x in (torch.randn(2, 4, 5), torch.randn(0, 4, 5), torch.randn(2, 4, 0)):
+            self.assertEqual(scripted(x), module(x))
+        x = torch.randn(2, 4, 0)
+        self.assertIs(F.local_response_norm(x, 2), x)
+
+
 class TestMaskedUnbackedMask(_ReplayTestCase):
     """torch.masked reductions with a mask whose sizes are unbacked symbols of their own:
     _input_mask compared the shapes (Eq(u1, u0)); where that is undecided the mask is now

@@ -7,7 +7,8 @@ group of 2 ranks (DTensorConverter's first and last sharding choices: all replic
 tensor sharded on its last evenly shardable dim), every size >= 2 of every DTensor marked unbacked,
 compiled with ``torch.compile(backend="eager", fullgraph=True)``, as upstream's test does: the
 compiled result's global shape and dtype must equal eager DTensor's, and its values the plain
-tensors' result (``check_op``). The eager backend runs DTensor's own dispatch when the graph
+tensors' result (``check_op``). Random ops are seeded before the call, not inside the op, as in
+test_ops_unbacked.py. The eager backend runs DTensor's own dispatch when the graph
 runs, so this measures the capture, as upstream's test does; the strategies a capture chose are
 replayed under aot_eager by the fixes' tests (test_dtensor_ops_unbacked.py).
 
@@ -37,6 +38,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # test/: the base-op scoreboard
 from test_ops_unbacked import (  # noqa: E402 - its op list, data and checks serve both
     _describe,
+    _seeded_outside,
     _tensors,
     expected_to_fail,
     op_key,
@@ -164,7 +166,8 @@ class TestUnbackedDTensorOps(TestCase):
                            "test_unbacked_dtensor") for op in OPS], allowed_dtypes=(torch.float32,))
     def test_unbacked_dtensor(self, device, dtype, op):
         try:
-            check_op(self, op, self.mesh)
+            with _seeded_outside():
+                check_op(self, op, self.mesh)
         except Skip as e:
             self.skipTest(str(e))
 

@@ -165,6 +165,38 @@ class TestDTensorSeqShardUnbackedHints(TestCase):
         # at the flatten's evenness check Ne(Mod(u1, 2), 0) (symfix 0019)
         self._check_modes_match_eager([(4, 8), (1, 7), (3, 3), (1, 3), (7, 33), (2, 5)], even=False)
 
+    # dtensor-strided-shard-keep-dim-unbacked. Stock: Ne(Mod(u0, 2*u0), 0)
+    # (_find_keep_ss_dim asks the size of the flattened tokens whether the
+    # shards divide it, though no Split could keep the _StridedShard).
+
+    def test_keepdim_reduction_and_repeat_of_strided_tokens(self):
+        def step(x):
+            # local results: an output's split factor may not depend on sizes
+            tokens = x.flatten(0, 1)
+            centered = tokens - tokens.mean(-1, keepdim=True)
+            return centered.to_local(), torch.repeat_interleave(tokens, 2, dim=1).to_local()
+
+        torch._dynamo.reset()
+        cnt = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(step, backend=cnt, fullgraph=True)
+        for batch, seq in ((4, 8), (1, 6), (3, 2), (1, 2), (9, 34), (2, 5), (5, 3)):
+            with self.subTest(batch=batch, seq=seq):
+                local = torch.randn(batch, -(-seq // self.world_size), 8)
+                x, x_c = self._leaf(local, batch, seq), self._leaf(local, batch, seq)
+                mark_unbacked(x_c, 0)
+                mark_unbacked(x_c, 1)
+                for out, ref in zip(compiled(x_c), step(x)):
+                    self.assertEqual((out.shape, out.stride()), (ref.shape, ref.stride()))
+                    self.assertEqual(out, ref)
+        self.assertEqual(cnt.frame_count, 1)
+        # a sequence of 1 is refused at run time (the flatten takes the
+        # sequence as not 1), loudly
+        x_c = self._leaf(torch.randn(2, 1, 8), 2, 1)
+        mark_unbacked(x_c, 0)
+        mark_unbacked(x_c, 1)
+        with self.assertRaisesRegex(RuntimeError, "Runtime assertion failed"):
+            compiled(x_c)
+
     # Guards: behaviour the hint policy must keep.
 
     def test_flattened_seq_shard_with_batch_hint_only(self):
@@ -325,6 +357,126 @@ class TestDTensorUnbackedStrategies(TestCase):
 
         self._replay(fn, lambda n: [torch.randn(n, 5), torch.randint(0, 5, (n, 2))],
                      [Shard(0), Shard(0)], [(0, 0), (1, 0)], redistributes=True)
+
+    # dtensor-shard-offset-unbacked. Stock: Eq(Max(0, Min(u0, ((u0 + 1)//2))), 0)
+    # (_get_shard_size_and_offsets: is this rank's shard empty?).
+
+    def test_argmax_over_an_unbacked_sharded_dim(self):
+        # The global indices of a reduction over the sharded dim come back
+        # through a collective, which the fake group does not compute (the
+        # offsets themselves: test_utils.py). Every rank holds a row: eager
+        # DTensor's argmin of an empty shard raises.
+        def fn(x):
+            return x.argmin(0) * 10 + x.argmax(1).max()
+
+        sizes = (4, 2, 3, 7)
+        self._replay(fn, lambda n: [torch.randn(n, 6)], [Shard(0)], [(0, 0)], sizes=sizes,
+                     redistributes=True)
+        self._replay(fn, lambda n: [torch.randn(6, n)], [Shard(1)], [(0, 1)], sizes=sizes,
+                     redistributes=True)
+
+    # dtensor-complex-polar-pointwise. Stock: "Operator aten.complex.default
+    # does not have a sharding strategy registered" (the decomposition's
+    # strategy fails over an unbacked size; static sizes compile).
+
+    def test_complex_and_polar_over_unbacked_sizes(self):
+        def fn(a, b):
+            return torch.complex(a, b) * torch.polar(a.abs(), b)
+
+        self._replay(fn, lambda n: [torch.randn(n, 6), torch.randn(n, 6)],
+                     [Shard(0), Shard(0)], [(0, 0), (1, 0)])
+        self._replay(fn, lambda n: [torch.randn(n, 6), torch.randn(6)],
+                     [Shard(1), Replicate()], [(0, 0)])
+
+    # dtensor-nll-loss-mean-unbacked. Stock: Ne(Mod(u4, 2), 0)
+    # (is_tensor_evenly_shardable, nll_loss's mean over a batch-sharded target).
+
+    def test_mean_loss_over_an_unbacked_sharded_batch(self):
+        def fn(x, t):
+            return torch.nn.functional.cross_entropy(x, t)
+
+        # Evenness is not known: input and target are gathered, no Partial("avg")
+        # of uneven shards (the gathered values come from the fake group). Eager
+        # DTensor refuses uneven shards (below); the graph serves them too.
+        make = lambda n: [torch.randn(n, 5), torch.randint(0, 5, (n,))]  # noqa: E731
+        self._replay(fn, make, [Shard(0), Shard(0)], [(0, 0), (1, 0)], sizes=(4, 2, 6),
+                     redistributes=True)
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+        mesh = init_device_mesh("cpu", (self.world_size,))
+        for n in (3, 1, 7):
+            dts = [self._dtensor(t, mesh, Shard(0), dist.get_rank()) for t in make(n)]
+            for d in dts:
+                mark_unbacked(d, 0)
+            out = compiled(*dts)
+            self.assertEqual((out.shape, out.placements), (torch.Size([]), (Replicate(),)))
+
+    def test_mean_loss_over_an_uneven_static_batch_is_never_biased(self):
+        # guard: with sizes known, uneven shards never give a Partial("avg") of
+        # their means: 2.13.0 refuses them, 2.14.1 on have no sharded mean
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=self.world_size)
+        mesh = init_device_mesh("cpu", (self.world_size,))
+        x = self._dtensor(torch.randn(3, 5), mesh, Shard(0), 0)
+        t = self._dtensor(torch.randint(0, 5, (3,)), mesh, Shard(0), 0)
+        try:
+            out = torch.nn.functional.cross_entropy(x, t)
+        except RuntimeError as e:
+            self.assertIn("cannot be evenly sharded", str(e))
+        else:
+            self.assertFalse(any(p.is_partial() for p in out.placements))
+
+    # dtensor-decomp-strategy-metadata-queries. Stock: "Operator
+    # aten.log_sigmoid_forward.default does not have a sharding strategy
+    # registered" (the decomposition's x.is_cuda reached the tracking mode as
+    # prim::device, which has no strategy, over symbolic sizes).
+
+    def test_decomposition_strategies_over_unbacked_sizes(self):
+        def fn(x, t):
+            return (torch.nn.functional.logsigmoid(x)
+                    + torch.nn.functional.binary_cross_entropy_with_logits(x, t, reduction="none"))
+
+        self._replay(fn, lambda n: [torch.randn(n, 6), torch.rand(n, 6)],
+                     [Shard(0), Shard(0)], [(0, 0), (1, 0)])
+        # (an empty shard of dim 1 is laid out with other strides: a recompile)
+        self._replay(fn, lambda n: [torch.randn(6, n), torch.rand(6, n)],
+                     [Shard(1), Replicate()], [(0, 1), (1, 1)], sizes=(4, 2, 3, 7))
+
+    # dtensor-index-strategy-unbacked. Stock: Eq(u0, 1) (index's single-dim
+    # strategy asked an unbacked index size whether it broadcasts).
+
+    def test_take_and_index_with_an_unbacked_index(self):
+        def fn(x, idx):
+            return torch.take(x, idx) + x.flatten()[idx]
+
+        self._replay(fn, lambda n: [torch.randn(4, 6), torch.randint(0, 24, (n,))],
+                     [Replicate(), Shard(0)], [(1, 0)])
+        self._replay(fn, lambda n: [torch.randn(n, 6), torch.randint(0, 6, (n,))],
+                     [Replicate(), Replicate()], [(0, 0), (1, 0)])
+
+    # dtensor-embedding-unbacked-weight. Stock: "Could not extract specialized
+    # integer from data-dependent expression u0" (the rowwise strategy's int()
+    # of the weight's shape).
+
+    def test_embedding_of_an_unbacked_weight_and_indices(self):
+        def fn(weight, idx):
+            return torch.nn.functional.embedding(idx, weight) * 2
+
+        # a weight sharded by rows is gathered: its values come from the fake group
+        self._replay(fn, lambda n: [torch.randn(n + 5, 4), torch.randint(0, 5, (n, 3))],
+                     [Replicate(), Shard(0)], [(0, 0), (1, 0)])
+        self._replay(fn, lambda n: [torch.randn(n + 5, 4), torch.randint(0, 5, (n, 3))],
+                     [Shard(0), Replicate()], [(0, 0), (1, 0)], redistributes=True)
+
+    def test_gather_of_an_unbacked_size(self):
+        # 2.14.1 on: gather's _MaskPartial strategy hashed the unbacked shape
+        # ("unhashable type: non-nested SymInt"); quantile reaches it too
+        def fn(x, idx):
+            return torch.gather(x, 0, idx) * 2
+
+        self._replay(fn, lambda n: [torch.randn(n + 1, 4), torch.zeros(1, 4, dtype=torch.long)],
+                     [Shard(0), Replicate()], [(0, 0)], redistributes=True)
+        self._replay(fn, lambda n: [torch.randn(n + 1, 4), torch.zeros(1, 4, dtype=torch.long)],
+                     [Replicate(), Replicate()], [(0, 0)])
 
 
 if __name__ == "__main__":
