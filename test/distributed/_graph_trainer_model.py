@@ -624,7 +624,8 @@ def _run_variant(mesh, attn, rank, shapes, hint, beyond_upstream=False, compiled
     """Capture once, rewrite, run every shape; returns a JSON-able record.
 
     ``compiled``: instead of the eager comparison, compile the rewritten graph
-    once with Inductor and compare it with the graph at every shape."""
+    once with Inductor ("cpp" or "triton") and compare it with the graph at every
+    shape."""
     from torch._dynamo.utils import counters
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
@@ -652,11 +653,8 @@ def _run_variant(mesh, attn, rank, shapes, hint, beyond_upstream=False, compiled
         with stage("chunk pass (materialize_symints)"):
             extents = chunk_router_tokens(cap.gm)
         rec["chunk_extents"] = [str(e) for e in extents]
-        # Not before Inductor: its lowering of a slice at the chunks' data-dependent
-        # offsets guards on them (handle_negative_index: Min(u9 + u10, ...) < 0).
-        if not compiled:
-            with stage("EP count chunking pass (materialize_symints)"):
-                rec["count_chunk_extents"] = [str(e) for e in chunk_expert_counts(cap.gm)]
+        with stage("EP count chunking pass (materialize_symints)"):
+            rec["count_chunk_extents"] = [str(e) for e in chunk_expert_counts(cap.gm)]
         with stage("FakeTensorProp over the chunked graph (rebind_unbacked)"):
             fake_prop(cap)
         with stage("collective bucketing"):
@@ -834,7 +832,7 @@ def _worker(rank, world, out_dir, variants, shapes, hint, beyond_upstream=False,
     }
     try:
         torch.set_num_threads(1)
-        if compiled:
+        if compiled == "triton":
             with stage("Triton path (test/inductor/_triton_cpu.py)"):
                 _triton_path()
         with stage("init gloo process group"):
@@ -873,14 +871,18 @@ def run_workload(
     world=2, variants=("flex", "sdpa"), shapes=((1, 1),), hint=(4, 8), beyond_upstream=False,
     compiled=False,
 ):
-    """``compiled``: the captured step compiled by Inductor through its Triton
-    path (see _run_compiled); its ranks are spawned afresh, since Triton's
-    interpreter must be switched on before they import torch."""
+    """``compiled``: the captured step compiled by Inductor (see _run_compiled)
+    through its C++ path ("cpp") or its Triton path ("triton"), whose ranks are
+    spawned afresh, since Triton's interpreter must be switched on before they
+    import torch."""
     mp.set_forkserver_preload(FORKSERVER_PRELOAD)
     args = (world, tuple(variants), [tuple(s) for s in shapes], tuple(hint), beyond_upstream,
             compiled)
     if not compiled:
         return _start_ranks(args, "forkserver", {})
+    if compiled == "cpp":
+        with tempfile.TemporaryDirectory() as caches:
+            return _start_ranks(args, "forkserver", {"TORCHINDUCTOR_CACHE_DIR": caches})
     # Triton's interpreter on CPU: a rank of the compiled run has died by SIGSEGV inside it now
     # and then (the 2.14.1 build, in the matrix beside the Triton column; not reproduced alone).
     # Each run gets Inductor and Triton caches of its own, and a rank killed by a signal runs

@@ -68,6 +68,7 @@ class _WorkloadRun:
 
     BEYOND_UPSTREAM = False
     COMPILED = False
+    VARIANTS = VARIANTS
     SHAPES = ()
     results = None
 
@@ -75,7 +76,7 @@ class _WorkloadRun:
     def setUpClass(cls):
         super().setUpClass()
         cls.results = M.run_workload(
-            WORLD, VARIANTS, cls.SHAPES, HINT, beyond_upstream=cls.BEYOND_UPSTREAM,
+            WORLD, cls.VARIANTS, cls.SHAPES, HINT, beyond_upstream=cls.BEYOND_UPSTREAM,
             compiled=cls.COMPILED,
         )
 
@@ -286,29 +287,48 @@ class TestPublicFlexAttentionInCapture(TestCase):
         self.assertEqual(q.grad.shape, q.shape)
 
 
-class TestGraphTrainerCompiledTritonPath(_WorkloadRun, TestCase):
-    """The beyond-upstream step as a graph trainer runs it on GPUs: the rewritten
-    capture compiled once by Inductor through its Triton code path (kernels and
-    the flex templates, run by Triton's interpreter on CPU tensors:
-    test/inductor/_triton_cpu.py), then run at shapes far from the hint beside
-    the captured graph itself.  Inductor's C++ backend cannot compile this step
-    (its flex lowering is inference-only)."""
+class _CompiledRun(_WorkloadRun):
+    """The beyond-upstream step as a graph trainer runs it: the rewritten capture
+    (EP count chunking included) compiled once by Inductor, then run at shapes
+    far from the hint beside the captured graph itself."""
 
     BEYOND_UPSTREAM = True
-    COMPILED = True
-    SHAPES = [(2, 1), (3, 5), (2, 9)]  # small: the interpreter runs every kernel in numpy
 
     def _check_compiled_matches_graph(self, attn):
         for rec in self._variant(attn):
+            self.assertEqual(rec["count_chunk_extents"], ["u0*u1", "u0*u1"])
             self.assertEqual(sorted(rec["compiled"]), sorted(f"{b}x{s}" for b, s in self.SHAPES))
             for shape, diff in rec["compiled"].items():
                 self.assertLessEqual(diff, 1e-4, (attn, shape))
+
+
+class TestGraphTrainerCompiledTritonPath(_CompiledRun, TestCase):
+    """Through Inductor's Triton code path (kernels and the flex templates, run by
+    Triton's interpreter on CPU tensors: test/inductor/_triton_cpu.py). Batches
+    1..3, sequences 1, odd and past one 128-block; small, since the interpreter
+    runs every kernel in numpy."""
+
+    COMPILED = "triton"
+    SHAPES = [(1, 131), (2, 1), (3, 5)]
 
     def test_flex_compiled_step_matches_graph(self):
         self._check_compiled_matches_graph("flex")
 
     def test_sdpa_compiled_step_matches_graph(self):
         self._check_compiled_matches_graph("sdpa")
+
+
+class TestGraphTrainerCompiledCppPath(_CompiledRun, TestCase):
+    """Through Inductor's C++ backend: the causal SDPA variant (its flex lowering
+    is inference-only, so the flex variant has no C++ training step)."""
+
+    COMPILED = "cpp"
+    VARIANTS = ("sdpa",)
+    SHAPES = [(1, 131), (2, 1), (3, 5)]
+
+    def test_sdpa_compiled_step_matches_graph(self):
+        self._check_compiled_matches_graph("sdpa")
+
 
 if __name__ == "__main__":
     run_tests()

@@ -942,6 +942,37 @@ class TestFlexAttentionDecodeBlockMaskInTracedStep(TestCase):
             )
 
 
+class TestFlexDecodingOffsetOfUnbackedLength(TestCase):
+    """Decoding compiled by Inductor: the mask_mod and score_mod close over the query's offset
+    in the sequence, L - Q with L (and Q) unbacked, a SymInt that is an expression, not a
+    symbol. The C++ template took every such value that is not a symbol for a buffer
+    ('Add' object has no attribute 'get_name'); the Triton templates (the Triton column) took
+    it already. Inference only: the C++ lowering has no backward."""
+
+    @staticmethod
+    def step(q, k, v):
+        off = k.shape[2] - q.shape[2]
+        bm = create_block_mask(
+            lambda b, h, qi, kv: qi + off >= kv, None, None, q.shape[2], k.shape[2], device=DEVICE)
+        return flex_attention(
+            q, k, v, score_mod=lambda s, b, h, qi, kv: s + (qi + off - kv) * 0.01, block_mask=bm)
+
+    def test_modes_match_eager(self):
+        for unbacked_q in (False, True):
+            for name in ("no_grad", "inference_mode"):
+                torch._dynamo.reset()
+                compiled = torch.compile(self.step, fullgraph=True)
+                for q_len, kv_len in ((1, 200), (1, 129), (2, 7), (1, 1), (3, 300)):
+                    msg = f"{name} Q={q_len} L={kv_len} unbacked Q: {unbacked_q}"
+                    q = torch.randn(2, 2, q_len, 16)
+                    k, v = torch.randn(2, 2, kv_len, 16), torch.randn(2, 2, kv_len, 16)
+                    for t, dims in ((q, (2,) if unbacked_q else ()), (k, (2,)), (v, (2,))):
+                        for d in dims:
+                            mark_unbacked(t, d)
+                    with _MODES[name]():
+                        _assert_like_eager(self, compiled(q, k, v), self.step(q, k, v), msg)
+
+
 class TestFlexAttentionQueryViewingA2DBuffer(TestCase):
     """A query that views a 2-D buffer, as a projection's output does
     (x @ w viewed as [B, S, H, D] and transposed): Inductor's C++ flex template

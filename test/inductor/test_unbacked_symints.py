@@ -1943,6 +1943,57 @@ class TestEmptyAndOneSizeFastPathsUnbacked(_ReplayTestCase):
         self.assertNotIn("aten.cat", gm.code)
 
 
+class TestSliceEndOfCountsUnbacked(_ReplayTestCase):
+    """A slice of an unbacked size up to a sum of data-dependent counts whose sign is known
+    only for the sum (EP chunking's ``x[:a + b]``): slice_ bounds the end as Min(a + b, size),
+    and SliceView then asked whether that Min is negative (handle_negative_index), which the
+    ShapeEnv cannot answer for a Min although it knows each argument's sign. An end of unknown
+    sign still wraps as eager's does."""
+
+    @staticmethod
+    def step(x, counts):
+        a, b = counts.tolist()
+        torch._check(a + b >= 0)
+        return x[: a + b] * 2, x[a + b :].sum(0), x[: a - b]
+
+    @staticmethod
+    def make(n):
+        # ends past the size (n=0: 1 > 0), negative (n=5: 2 - 3) and 0
+        return [torch.randn(n, 4), torch.tensor([n // 2, (n + 1) // 3 + 1])]
+
+    @torch._dynamo.config.patch(capture_scalar_outputs=True)
+    def test_modes_match_eager(self):
+        self.replay(self.step, self.make, (6, 0, 1, 5, 131), [(0,), ()])
+
+
+class TestBmmLayoutPolicyUnbacked(_ReplayTestCase):
+    """Inductor's bmm lowering of CPU tensors makes an input contiguous unless it already is on
+    one of its last two dims; that test compared unbacked sizes (Eq(u1, 1)) and raised, for
+    causal SDPA over an unbacked batch and sequence too, on the C++ and the Triton path. A
+    layout policy: what is not known counts as not contiguous, and costs one copy."""
+
+    @staticmethod
+    def step(q, k, v):
+        return (F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                q @ k.transpose(-1, -2))
+
+    @staticmethod
+    def make(n):
+        return [torch.randn(n % 3 + 1, 2, n, 8) for _ in range(3)]
+
+    def test_modes_match_eager(self):
+        self.replay(self.step, self.make, (8, 1, 0, 5, 17), [(0, 2)] * 3, backends=("inductor",))
+
+    def test_static_sizes_keep_their_layouts(self):
+        # no size symbolic: the layouts the lowering chose before, no extra copy
+        from torch._inductor.utils import run_and_get_code
+
+        q = torch.randn(2, 8, 16).transpose(1, 2)
+        _, (code,) = run_and_get_code(torch.compile(lambda q: q @ q.transpose(1, 2)), q)
+        self.assertNotIn("clone", code)
+        self.assertEqual(code.count("extern_kernels.bmm"), 1)
+
+
 class TestSplitIterationRangesUnbacked(TestCase):
     """SIMDKernel._split_iteration_ranges over an unbacked leftover extent (pytorch#194972): the
     last check asked the leftover's hint whether it is 1 and raised from the ShapeEnv, where a
