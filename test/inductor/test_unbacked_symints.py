@@ -837,8 +837,7 @@ class TestUnfoldUnbacked(TestCase):
         # one compile per mode with both dims unbacked, replayed at one window (1, 3), widths
         # not a multiple of the step, and far from the first: values, dtype, requires_grad and
         # the input's gradient as eager's. Under bf16 autocast the step's matmul is cast (the
-        # fp32 matmul over an unbacked window count guards Eq(windows, 1) in the mm lowering,
-        # on stock too).
+        # fp32 matmul: TestBmmLayoutPolicyUnbacked).
         modes = {
             "grad": (contextlib.nullcontext, True, self.through_mul),
             "autocast_bf16": (
@@ -1983,6 +1982,12 @@ class TestBmmLayoutPolicyUnbacked(_ReplayTestCase):
 
     def test_modes_match_eager(self):
         self.replay(self.step, self.make, (8, 1, 0, 5, 17), [(0, 2)] * 3, backends=("inductor",))
+
+    def test_matmul_of_unfolded_windows(self):
+        # fp32 windows over an unbacked width (issue 42: Eq(windows, 1) in this test)
+        self.replay(lambda x: (x.unfold(1, 3, 2) @ x.new_ones(3, 4)).sum(-1),
+                    lambda n: [torch.randn(n % 5 + 1, 2 * n + 3)], (3, 0, 1, 4, 20), [(0, 1)],
+                    backends=("inductor",))
 
     def test_static_sizes_keep_their_layouts(self):
         # no size symbolic: the layouts the lowering chose before, no extra copy
