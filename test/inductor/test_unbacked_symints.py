@@ -1566,6 +1566,71 @@ class TestCrossEntropyUnbacked(_ReplayTestCase):
             self.assertEqual(g(x, idx, w), loss(x, idx, w))
 
 
+class TestFeatureAndAlphaDropoutUnbacked(TestCase):
+    """dropout2d/3d, alpha_dropout and feature_alpha_dropout over unbacked sizes: ATen's
+    composite returns an empty input itself and asked input.numel() == 0 (Eq(u0*u1*u2, 0)).
+    Traced, ATen's composite op for op, where the emptiness is not known the general path
+    runs, exact at 0 elements. Random: each side from the same seed, the same bits."""
+
+    STEPS = {
+        "dropout2d": lambda x: F.dropout2d(x, 0.3),
+        "dropout3d": lambda x: F.dropout3d(x.unsqueeze(-1), 0.4),
+        "alpha_dropout": lambda x: F.alpha_dropout(x, 0.3, True),
+        "feature_alpha_dropout": lambda x: F.feature_alpha_dropout(x, 0.2, True),
+        "p_1": lambda x: F.dropout2d(x, 1.0),
+        "eval": lambda x: F.alpha_dropout(x, 0.5, False),
+        "inplace": lambda x: F.dropout2d(x * 1, 0.3, inplace=True),
+    }
+
+    def test_modes_match_eager(self):
+        # grad: the input's gradient too; without grad mode an input that needs none
+        for name, step in self.STEPS.items():
+            for mode, (ctx, _) in MODES.items():
+                grad = mode == "grad"
+                torch._dynamo.reset()
+                compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+                for n in (4, 0, 1, 3, 13):
+                    msg = f"{name} {mode} n={n}"
+                    x = torch.randn(n, 3, n % 4 + 2, requires_grad=grad)
+                    x_c = x.detach().clone().requires_grad_(grad)
+                    torch._dynamo.decorators.mark_unbacked(x_c, 0)
+                    torch._dynamo.decorators.mark_unbacked(x_c, 2)
+                    with ctx(), _no_graph_caches():
+                        torch.manual_seed(n)
+                        ref = step(x)
+                        torch.manual_seed(n)
+                        got = compiled(x_c)
+                    self.assertEqual((got.shape, got.stride(), got.dtype, got.requires_grad),
+                                     (ref.shape, ref.stride(), ref.dtype, ref.requires_grad),
+                                     msg=msg)
+                    self.assertEqual(got, ref, msg=msg, atol=0, rtol=0)
+                    if grad:
+                        got.sum().backward()
+                        ref.sum().backward()
+                        self.assertEqual(x_c.grad, x.grad, msg=msg, atol=0, rtol=0)
+
+    def test_empty_input_needing_grad_without_grad_mode_is_refused(self):
+        # eager's result is then the input itself, which needs grad; a graph's cannot be
+        compiled = torch.compile(self.STEPS["dropout2d"], backend="aot_eager", fullgraph=True)
+        x = torch.randn(0, 3, 4, requires_grad=True)
+        torch._dynamo.decorators.mark_unbacked(x, 0)
+        with torch.no_grad(), self.assertRaisesRegex(RuntimeError, r"Ne\(.*, 0\)"):
+            compiled(x)
+
+    def test_static_sizes_trace_as_before(self):
+        # guard: sizes known, ATen's composite's ops (TorchScript and eager run ATen's own)
+        def ops(step, x):
+            g = make_fx(step, tracing_mode="symbolic")(x)
+            return " ".join(str(n.target) for n in g.graph.nodes
+                            if n.op == "call_function" and str(n.target).startswith("aten."))
+
+        x = torch.randn(2, 3, 4)
+        self.assertExpectedInline(ops(self.STEPS["dropout2d"], x), """aten.sym_size.int aten.sym_size.int aten.new_empty.default aten.bernoulli_.float aten.div_.Scalar aten.mul.Tensor""")
+        self.assertExpectedInline(ops(self.STEPS["alpha_dropout"], x), """aten.empty_like.default aten.bernoulli_.float aten.add.Scalar aten.mul_.Scalar aten.add_.Scalar aten.mul_.Scalar aten.mul.Tensor aten.add_.Tensor""")
+        self.assertExpectedInline(ops(self.STEPS["p_1"], x), """aten.zeros.default aten.mul.Tensor""")
+        self.assertExpectedInline(ops(self.STEPS["eval"], x), """""")
+
+
 class TestGroupNormUnbacked(_ReplayTestCase):
     """group_norm over unbacked batch, channel and spatial sizes: ATen's composite checked
     that the channels divide into the groups by guarding (Eq(Mod(u0, 2), 0)); traced, the

@@ -79,6 +79,27 @@ class TestSuiteShards(TestCase):
         self.assertEqual(set(results["control"]),
                          {f.id for f in SERIES.fixes if f.status == "in-base" and f.control})
 
+    def test_patched_only_runs_no_stock_job(self):
+        # another build of a release (--patched-only): the stock columns and the controls, which
+        # run on stock, are skipped with the reason, and so judged nowhere
+        started = []
+
+        def fake_run(python, test_ids, log, control=None, suite=None, extra_env=None):
+            started.append(log.stem)
+            return matrix.Run(dict.fromkeys(test_ids, "passed"), 0, "ran", log)
+
+        why = "not run (--patched-only)"
+        with mock.patch.object(matrix, "run_tests", fake_run):
+            results, _ = matrix.run_columns(
+                SERIES, {"stock": why, "patched": Path("patched")}, {}, suite=False)
+        self.assertEqual(sorted(started), ["matrix-patched", "matrix-patched+ops",
+                                           "matrix-patched+triton"])
+        self.assertEqual((results["stock"], results["stock+triton"], results["control"]),
+                         (why, why, why))
+        text, problems = matrix.table(SERIES, results)
+        self.assertEqual(problems, [])
+        self.assertIn("skipped", text)
+
     def test_triton_column_judges_the_triton_tests_only(self):
         # a fix's Triton cells judge its `triton` tests with the role's expectations; a fix
         # without any shows none

@@ -34,8 +34,9 @@ def test(args) -> int:
     out_sha = basewheel.sha256_file(out) if args.patched else build.build_key(s, base)
     try:
         pythons: dict[str, Path | str] = {
-            "stock": patched.install("stock", str(base.path), base.sha256, python=args.python,
-                                     need_gb=need, bytecode=True, extra=s.triton),
+            "stock": "not run (--patched-only)" if args.patched_only else patched.install(
+                "stock", str(base.path), base.sha256, python=args.python, need_gb=need,
+                bytecode=True, extra=s.triton),
             "patched": patched.install(
                 "tested" if args.patched else "patched", str(out), out_sha,
                 None if args.patched else patched.VENV, args.python, need, bytecode=True,
@@ -64,7 +65,8 @@ def test(args) -> int:
     results, suite_runs = matrix.run_columns(
         s, {role: envs.python_of(p) if isinstance(p, Path) else p for role, p in pythons.items()},
         env, suite=not args.matrix_only)
-    step.done(f"matrix on {', '.join(pythons)} (C++ and Triton paths), controls on stock"
+    step.done(f"matrix on {', '.join(r for r, p in pythons.items() if isinstance(p, Path))} "
+              "(C++ and Triton paths)" + ("" if args.patched_only else ", controls on stock")
               + ("" if args.matrix_only else ", test/ on patched")
               + f", two at a time  (logs: {rel(matrix.LOGS)})", "run")
     text, problems = matrix.table(s, results)

@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--upstream", action="store_true", help="also test upstream torch (oracle)")
     t.add_argument("--matrix-only", action="store_true", help="only the fixes' tests, not the "
                    "whole test/ suite on the patched build")
+    t.add_argument("--patched-only", action="store_true", help="only the patched build's "
+                   "columns: for another build of a release whose stock columns ran already")
     t.add_argument("--skip-if-no-room", action="store_true", help="when the disk cannot hold "
                    "the stock or patched environment, say so and exit 0 instead of failing")
     st = sub.add_parser("status", help="which fixes a torch install has")

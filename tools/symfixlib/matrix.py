@@ -214,7 +214,7 @@ def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, s
                 jobs[role + TRITON] = partial(
                     run_tests, python, triton_ids, log=LOGS / f"matrix-{role}{TRITON}.log",
                     extra_env={**env, **TRITON_ENV})
-    for fix in series.fixes:
+    for fix in series.fixes if isinstance(pythons["stock"], Path) else ():
         if fix.status == "in-base" and fix.control and fix.tests:
             jobs[f"control-{fix.id}"] = partial(
                 run_tests, pythons["stock"], list(fix.tests), log=LOGS / f"control-{fix.id}.log",
@@ -243,8 +243,8 @@ def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, s
     if triton_ids:
         results |= {role + TRITON: python if isinstance(python, str)
                     else runs.pop(role + TRITON).outcomes for role, python in pythons.items()}
-    results["control"] = {name.removeprefix("control-"): run.outcomes
-                          for name, run in runs.items()}
+    results["control"] = pythons["stock"] if isinstance(pythons["stock"], str) else {
+        name.removeprefix("control-"): run.outcomes for name, run in runs.items()}
     return results, suite_runs
 
 

@@ -170,4 +170,5 @@ def run(args) -> int:
         return 0
     return checks.test(argparse.Namespace(base=None, wheel=None, variant=None, python=args.python,
                                           patched=str(wheel), upstream=args.upstream,
-                                          matrix_only=False, skip_if_no_room=False))
+                                          matrix_only=False, patched_only=False,
+                                          skip_if_no_room=False))
