@@ -946,8 +946,8 @@ class TestFlexDecodingOffsetOfUnbackedLength(TestCase):
     """Decoding compiled by Inductor: the mask_mod and score_mod close over the query's offset
     in the sequence, L - Q with L (and Q) unbacked, a SymInt that is an expression, not a
     symbol. The C++ template took every such value that is not a symbol for a buffer
-    ('Add' object has no attribute 'get_name'); the Triton templates (the Triton column) took
-    it already. Inference only: the C++ lowering has no backward."""
+    ('Add' object has no attribute 'get_name'); the Triton templates took it already.
+    Inference only: the C++ lowering has no backward."""
 
     @staticmethod
     def step(q, k, v):
