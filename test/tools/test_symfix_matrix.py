@@ -61,7 +61,8 @@ class TestSuiteShards(TestCase):
             results, suite = matrix.run_columns(SERIES, pythons, {})
         self.assertEqual(list(suite), list(matrix.SUITE_SHARDS))
         self.assertEqual(set(started), {*(f"suite-{n}" for n in matrix.SUITE_SHARDS),
-                                        "matrix-stock", "matrix-stock+ops", "matrix-stock+triton",
+                                        "matrix-stock", "matrix-stock+ops", "matrix-stock+dist",
+                                        "matrix-stock+triton",
                                         "matrix-patched+triton",
                                         *(f"control-{f.id}" for f in SERIES.fixes
                                           if f.status == "in-base" and f.control)})
@@ -74,7 +75,7 @@ class TestSuiteShards(TestCase):
         # without the suite, the patched column is its two jobs' outcomes too
         with mock.patch.object(matrix, "run_tests", fake_run):
             results, suite = matrix.run_columns(SERIES, pythons, {}, suite=False)
-        self.assertEqual(list(suite), ["patched", "patched+ops"])
+        self.assertEqual(list(suite), ["patched", "patched+ops", "patched+dist"])
         self.assertEqual(results["stock"], {t: "failed" for t in ids})
         self.assertEqual(set(results["control"]),
                          {f.id for f in SERIES.fixes if f.status == "in-base" and f.control})
@@ -92,8 +93,8 @@ class TestSuiteShards(TestCase):
         with mock.patch.object(matrix, "run_tests", fake_run):
             results, _ = matrix.run_columns(
                 SERIES, {"stock": why, "patched": Path("patched")}, {}, suite=False)
-        self.assertEqual(sorted(started), ["matrix-patched", "matrix-patched+ops",
-                                           "matrix-patched+triton"])
+        self.assertEqual(sorted(started), ["matrix-patched", "matrix-patched+dist",
+                                           "matrix-patched+ops", "matrix-patched+triton"])
         self.assertEqual((results["stock"], results["stock+triton"], results["control"]),
                          (why, why, why))
         text, problems = matrix.table(SERIES, results)
@@ -173,8 +174,9 @@ class TestSuiteShards(TestCase):
                   mock.patch.object(matrix, "ThreadPoolExecutor", Inline),
                   mock.patch.object(matrix, "LOGS", logs)):
                 matrix.run_columns(SERIES, {"stock": Path("stock"), "patched": Path("p")}, {})
-        self.assertEqual(started, ["matrix-stock+ops", "suite-tools", "suite-distributed",
-                                   "suite-inductor", "suite-ops", "matrix-stock+triton", "matrix-patched+triton", *CONTROL_JOBS,
+        self.assertEqual(started, ["matrix-stock+ops", "matrix-stock+dist", "suite-tools",
+                                   "suite-distributed", "suite-inductor", "suite-ops",
+                                   "matrix-stock+triton", "matrix-patched+triton", *CONTROL_JOBS,
                                    "suite-audit", "matrix-stock", "suite-rest"])
 
 

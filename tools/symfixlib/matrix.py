@@ -79,17 +79,20 @@ TRITON = "+triton"
 TRITON_ENV = {"SYMFIX_INDUCTOR": "triton"}
 
 
-# The scoreboards' per-op tests, hundreds of short ones, are a job of their own beside each
-# column's other tests, so that both cores stay busy to the end of a matrix.
+# A column's tests run as several jobs, so that both cores stay busy to the end of a matrix: the
+# scoreboards' per-op tests (hundreds of short ones), the distributed tests (gloo ranks, the
+# compiled workload: a third of the patched column's time) and the rest. A test id goes to the
+# first job whose prefixes it has, else to the rest (suffix "").
 SCOREBOARD_TESTS = ("test/test_ops_unbacked.py::", "test/distributed/tensor/test_dtensor_ops.py::")
-OPS_JOB = "+ops"
+JOBS = {"+ops": SCOREBOARD_TESTS, "+dist": ("test/distributed/",)}
 
 
 def parts(ids: list[str]) -> dict[str, list[str]]:
-    """A column's test ids by job: the scoreboards' (suffix OPS_JOB) and the rest (no suffix)."""
-    ops = [t for t in ids if t.startswith(SCOREBOARD_TESTS)]
-    rest = [t for t in ids if not t.startswith(SCOREBOARD_TESTS)]
-    return {"": rest, OPS_JOB: ops} if ops else {"": rest}
+    """A column's test ids by job (see JOBS); the rest's job is there even when empty."""
+    out: dict[str, list[str]] = {"": [], **{job: [] for job in JOBS}}
+    for t in ids:
+        out[next((job for job, prefixes in JOBS.items() if t.startswith(prefixes)), "")].append(t)
+    return {job: part for job, part in out.items() if part or not job}
 
 
 # A test's outcome on an official wheel does not change while the tests do not. In one CI run the
