@@ -872,9 +872,9 @@ def run_workload(
     compiled=False,
 ):
     """``compiled``: the captured step compiled by Inductor (see _run_compiled)
-    through its C++ path ("cpp") or its Triton path ("triton"), whose ranks are
-    spawned afresh, since Triton's interpreter must be switched on before they
-    import torch."""
+    through its C++ path ("cpp") or its Triton path ("triton"); the Triton
+    path's ranks are spawned afresh, since Triton's interpreter must be switched
+    on before they import torch."""
     mp.set_forkserver_preload(FORKSERVER_PRELOAD)
     args = (world, tuple(variants), [tuple(s) for s in shapes], tuple(hint), beyond_upstream,
             compiled)

@@ -290,9 +290,11 @@ class TestPublicFlexAttentionInCapture(TestCase):
 class _CompiledRun(_WorkloadRun):
     """The beyond-upstream step as a graph trainer runs it: the rewritten capture
     (EP count chunking included) compiled once by Inductor, then run at shapes
-    far from the hint beside the captured graph itself."""
+    far from the hint beside the captured graph itself: batches 1..3, sequences
+    1, odd and past one 128-block."""
 
     BEYOND_UPSTREAM = True
+    SHAPES = [(1, 131), (2, 1), (3, 5)]
 
     def _check_compiled_matches_graph(self, attn):
         for rec in self._variant(attn):
@@ -304,12 +306,10 @@ class _CompiledRun(_WorkloadRun):
 
 class TestGraphTrainerCompiledTritonPath(_CompiledRun, TestCase):
     """Through Inductor's Triton code path (kernels and the flex templates, run by
-    Triton's interpreter on CPU tensors: test/inductor/_triton_cpu.py). Batches
-    1..3, sequences 1, odd and past one 128-block; small, since the interpreter
-    runs every kernel in numpy."""
+    Triton's interpreter on CPU tensors: test/inductor/_triton_cpu.py); small
+    shapes, since the interpreter runs every kernel in numpy."""
 
     COMPILED = "triton"
-    SHAPES = [(1, 131), (2, 1), (3, 5)]
 
     def test_flex_compiled_step_matches_graph(self):
         self._check_compiled_matches_graph("flex")
@@ -324,7 +324,6 @@ class TestGraphTrainerCompiledCppPath(_CompiledRun, TestCase):
 
     COMPILED = "cpp"
     VARIANTS = ("sdpa",)
-    SHAPES = [(1, 131), (2, 1), (3, 5)]
 
     def test_sdpa_compiled_step_matches_graph(self):
         self._check_compiled_matches_graph("sdpa")
