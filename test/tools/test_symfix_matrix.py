@@ -4,6 +4,7 @@ of the suite's shards ran each test; an interrupt stops the jobs."""
 
 import json
 import math
+import os
 import shutil
 import signal
 import sys
@@ -43,14 +44,19 @@ class TestSuiteShards(TestCase):
     def test_columns_read_from_the_shards(self):
         ids = matrix.all_test_ids(SERIES)
         triton_ids = [t for f in SERIES.rows for t in f.triton_tests]
-        started, lock = [], threading.Lock()
+        started, caches, lock = [], set(), threading.Lock()
+        # (a test before this one in the process may have set Inductor's for its workers)
+        self.enterContext(mock.patch.dict(os.environ, {
+            k: v for k, v in os.environ.items() if k not in matrix.RUN_CACHES}, clear=True))
 
         def fake_run(python, test_ids, log, control=None, suite=None, extra_env=None):
             with lock:
                 started.append(log.stem)
+                caches.add(tuple(extra_env[var] for var in matrix.RUN_CACHES))
             if log.stem.endswith(matrix.TRITON):  # the Triton path's tests only, on its switch
                 self.assertEqual(test_ids, triton_ids)
-                self.assertEqual(extra_env, matrix.TRITON_ENV)
+                self.assertEqual(extra_env.keys() - matrix.RUN_CACHES.keys(),
+                                 matrix.TRITON_ENV.keys())
             if suite == matrix.SUITE_SHARDS["tools"]:  # one shard ran every fix's test
                 return matrix.Run({t: "passed" for t in test_ids}, 0, "all passed", log)
             outcome = "failed" if python == Path("stock") else "missing"
@@ -59,6 +65,10 @@ class TestSuiteShards(TestCase):
         pythons = {"stock": Path("stock"), "patched": Path("patched"), "upstream": "no room"}
         with mock.patch.object(matrix, "run_tests", fake_run):
             results, suite = matrix.run_columns(SERIES, pythons, {})
+        # every job shares the run's caches, a folder of their own removed when the run ends
+        ((inductor, triton),) = caches
+        self.assertEqual(Path(inductor).parent, Path(triton).parent)
+        self.assertFalse(Path(inductor).parent.exists())
         self.assertEqual(list(suite), list(matrix.SUITE_SHARDS))
         self.assertEqual(set(started), {*(f"suite-{n}" for n in matrix.SUITE_SHARDS),
                                         "matrix-stock", "matrix-stock+ops", "matrix-stock+dist",
@@ -298,9 +308,13 @@ class TestOutcomeCache(TestCase):
     def test_triton_keys_only_the_triton_column(self):
         # one base's oracle (no triton installed) and another's stock column (its triton) are
         # one torch: the second reuses the first's outcomes, except on the Triton path
+        # (each run says which base it is for, and has caches of its own: not keys)
         oracle = self.env("upstream", "2.15.0+cu132", ["pytest"])
         stock = self.env("stock", "2.15.0+cu132", ["pytest", "triton==3.9.0"])
-        self.assertEqual(self.runs(oracle, 1) + self.runs(stock, 1), ["failed", "failed"])
+        run_of = {base: {"SYMFIX_BASE": base, "SYMFIX_BASE_WHEEL": f"/{base}.whl",
+                         "TORCHINDUCTOR_CACHE_DIR": f"/tmp/{base}"} for base in ("13", "15")}
+        self.assertEqual(self.runs(oracle, 1, extra_env=run_of["13"])
+                         + self.runs(stock, 1, extra_env=run_of["15"]), ["failed", "failed"])
         self.assertEqual(self.ran.read_text().count("ran"), 1)
         self.runs(stock, 1, extra_env=matrix.TRITON_ENV)
         self.runs(oracle, 1, extra_env=matrix.TRITON_ENV)

@@ -64,8 +64,10 @@ class TestBuildsAsTorch(TestCase):
         super().tearDownClass()
 
     def out(self, name: str) -> Path:
+        """A folder of this test's, removed when it ends: a wheel is 200 MB, an env 1 GB."""
         path = self.tmp / name
         path.mkdir()
+        self.addCleanup(shutil.rmtree, path)
         return path
 
     def assertSameWheel(self, proc, out: Path):
@@ -75,8 +77,8 @@ class TestBuildsAsTorch(TestCase):
         self.assertEqual(sha256(wheel), sha256(self.cli_wheel))
 
     def venv(self, name: str) -> Path:
-        run([self.uv, "venv", "-q", "--seed", "-p", sys.executable, self.tmp / name])
-        return self.tmp / name / "bin" / "python"
+        run([self.uv, "venv", "-q", "--seed", "-p", sys.executable, self.out(name) / "venv"])
+        return self.tmp / name / "venv" / "bin" / "python"
 
     def installed_version(self, python: Path) -> str:
         return run([python, "-c", "import importlib.metadata as m; print(m.version('torch'))"]

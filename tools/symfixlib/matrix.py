@@ -70,6 +70,10 @@ PYTEST_ARGS = ["-p", "symfixlib.outcomes_plugin", "-q", "-rfE", "--tb=native", "
 # that imports torch again in every job that compiles, would only take the other job's core.
 # Set by the user, theirs wins.
 JOB_ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+# Inductor's and Triton's caches are a matrix run's own, removed when it ends: each environment
+# gets a precompiled header of 150 MB there that no later run's environments use. Set by the
+# user, theirs win.
+RUN_CACHES = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
 
 
 # The Triton column: each fix's ``triton`` tests again on each torch, Inductor compiling through its
@@ -103,6 +107,9 @@ def parts(ids: list[str]) -> dict[str, list[str]]:
 # patches/, torch/). Patched builds are never cached: their label does not say which mails they
 # carry. A cached failure's traceback is in the log of the run that kept it.
 OUTCOMES = ROOT / ".symfix" / "cache" / "outcomes"
+# Variables that do not key an outcome: where the run's caches are, and which base's run it is
+# (the base wheel for test/tools' tests of the tooling to find without a download).
+UNKEYED = {*RUN_CACHES, "SYMFIX_BASE", "SYMFIX_BASE_WHEEL", "SYMFIX_UPSTREAM_PYTHON"}
 CACHED = ("passed", "failed", "skipped")
 
 
@@ -125,7 +132,8 @@ def outcome_cache(python: Path, env: dict[str, str]) -> Path | None:
     # of another's are one torch whether or not their environment has it.
     reqs = [r for r in info["requirements"]
             if TRITON_ENV.keys() <= env.keys() or not r.startswith("triton")]
-    key = json.dumps([version.read_text(), info["python"], reqs, sorted(env.items()),
+    key = json.dumps([version.read_text(), info["python"], reqs,
+                      sorted((k, v) for k, v in env.items() if k not in UNKEYED),
                       tree_digest()])
     return OUTCOMES / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
@@ -199,6 +207,9 @@ def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, s
     ``pythons``: role -> interpreter, or why it was skipped. Returns the columns and the suite's
     runs by shard.
     """
+    caches = tempfile.TemporaryDirectory(prefix="symfix-caches-")
+    env = {**env, **{var: f"{caches.name}/{name}" for var, name in RUN_CACHES.items()
+                     if var not in os.environ}}
     ids = all_test_ids(series)
     jobs: dict[str, Callable[[], Run]] = {
         role + job: partial(run_tests, python, part, log=LOGS / f"matrix-{role}{job}.log",
@@ -224,7 +235,7 @@ def run_columns(series: Series, pythons: dict[str, Path | str], env: dict[str, s
                 control=fix.id, extra_env=env)
     # longest first by the last run's times, so that the two cores finish together
     order = sorted(jobs, key=lambda name: -last_seconds(jobs[name].keywords["log"]))
-    with ThreadPoolExecutor(2) as pool:  # in submission order
+    with caches, ThreadPoolExecutor(2) as pool:  # in submission order
         futures = {name: pool.submit(jobs[name]) for name in order}
         try:
             runs = {name: futures[name].result() for name in jobs}
