@@ -2074,6 +2074,50 @@ class TestBmmLayoutPolicyUnbacked(_ReplayTestCase):
         self.assertEqual(code.count("extern_kernels.bmm"), 1)
 
 
+class TestMmBackwardLayoutPolicyUnbacked(_ReplayTestCase):
+    """MmBackward0 returns an input's gradient column-major where the input is, and asks it with
+    C++'s `==` over the input's strides: Eq(u0, 1) raised while tracing the backward of x @ x
+    (both dims unbacked) and of a matrix whose contracted width is unbacked (p @ v). A layout
+    policy: there, tracing runs mm as a bmm of one batch, whose backward asks nothing."""
+
+    def test_square_matrix_times_itself(self):
+        self.replay(lambda x: (x @ x).tanh(), lambda n: [torch.randn(n, n)], (4, 1, 0, 5, 17),
+                    [(0, 1)])
+
+    def test_contracted_width_unbacked(self):
+        self.replay(lambda p, v: p.softmax(-1) @ v, lambda n: [torch.randn(3, n),
+                                                                torch.randn(n, 8)],
+                    (6, 1, 0, 2, 33), [(1,), (0,)])
+
+    def test_known_layouts_keep_mm(self):
+        # guard: where the layout test is known (static strides, a stride known not 1 over an
+        # unbacked batch) or backed (guarded on), the graphs keep ATen's mm and its backward
+        graphs = []
+
+        def keep(gm, _):
+            graphs.append(gm.code)
+            return make_boxed_func(gm.forward)
+
+        from functorch.compile import make_boxed_func
+        from torch._dynamo.backends.common import aot_autograd
+
+        backend = aot_autograd(fw_compiler=keep, bw_compiler=keep)
+        marks = torch._dynamo.decorators
+        for mark, dims in ((None, ((), ())), (marks.mark_unbacked, ((0,), ())),
+                           (marks.mark_dynamic, ((0, 1), (0,)))):
+            torch._dynamo.reset()
+            graphs.clear()
+            y, w = torch.randn(5, 5, requires_grad=True), torch.randn(5, 2, requires_grad=True)
+            for t, t_dims in zip((y, w), dims):
+                for d in t_dims:
+                    mark(t, d)
+            torch.compile(lambda y, w: y @ w, backend=backend, fullgraph=True)(y, w).sum().backward()
+            self.assertEqual(len(graphs), 2)
+            for code in graphs:
+                self.assertIn("aten.mm", code)
+                self.assertNotIn("aten.bmm", code)
+
+
 class TestSplitIterationRangesUnbacked(TestCase):
     """SIMDKernel._split_iteration_ranges over an unbacked leftover extent (pytorch#194972): the
     last check asked the leftover's hint whether it is 1 and raised from the ShapeEnv, where a
