@@ -1,6 +1,7 @@
 # Owner(s): ["module: inductor"]
 import contextlib
 import copy
+import sys
 import os
 
 import sympy
@@ -2039,6 +2040,23 @@ class TestSliceEndOfCountsUnbacked(_ReplayTestCase):
     def test_modes_match_eager(self):
         self.replay(self.step, self.make, (6, 0, 1, 5, 131), [(0,), ()])
 
+    def test_start_in_a_slice_of_a_slice(self):
+        # a slice's size less a Min of it (torch.diff's second difference over an unbacked
+        # length): its start Min(1, u0 - Min(1, u0)) is known non-negative, kept as it is
+        from torch._inductor.ir import View
+
+        shape_env = ShapeEnv()
+        graph = torch.fx.Graph()
+        graph.output(None)
+        lowering = GraphLowering(torch.fx.GraphModule({}, graph), shape_env=shape_env)
+        u0 = shape_env.create_unbacked_symint()
+        torch._check(u0 >= 0)
+        size = u0.node.expr - sympy.Min(1, u0.node.expr)
+        with V.set_graph_handler(lowering):
+            self.assertEqual(View.handle_negative_index(sympy.Min(1, size), size),
+                             sympy.Min(1, size))
+            self.assertEqual(View.handle_negative_index(sympy.Integer(-1), size), size - 1)
+
 
 class TestBmmLayoutPolicyUnbacked(_ReplayTestCase):
     """Inductor's bmm lowering of CPU tensors makes an input contiguous unless it already is on
@@ -2116,6 +2134,50 @@ class TestMmBackwardLayoutPolicyUnbacked(_ReplayTestCase):
             for code in graphs:
                 self.assertIn("aten.mm", code)
                 self.assertNotIn("aten.bmm", code)
+
+
+class TestDiffUnbacked(_ReplayTestCase):
+    """torch.diff clamps its order to the length first, and ATen asked `n > size(dim)`: a guard
+    over an unbacked length (1 > u0). Where that is not known the differences are slices,
+    which clamp at an empty result as the clamped order does."""
+
+    @staticmethod
+    def step(x):
+        return x.diff(), x.diff(n=3, dim=0)
+
+    @staticmethod
+    def make(n):
+        return [torch.randn(n, n + 1)]
+
+    def test_modes_match_eager(self):
+        self.replay(self.step, self.make, (5, 1, 2, 3, 17), [(0, 1)])
+        # length 0 where grad mode is on (the input needs no grad under autocast here)
+        modes = {m: MODES[m] for m in ("grad", "autocast_bf16")}
+        self.replay(self.step, self.make, (5, 0), [(0, 1)], modes=modes)
+
+    def test_empty_input_needing_grad_without_grad_mode_is_refused(self):
+        # eager's result is then the input itself, which needs grad; a graph's cannot be
+        compiled = torch.compile(lambda x: x.diff(dim=0), backend="aot_eager", fullgraph=True)
+        x = torch.randn(0, 3, requires_grad=True)
+        torch._dynamo.decorators.mark_unbacked(x, 0)
+        with torch.no_grad(), self.assertRaisesRegex(RuntimeError, r"Ne\(.*, 0\)"):
+            compiled(x)
+
+    def test_prepend_append_and_bool(self):
+        def step(x, p, a):
+            return x.diff(n=2, prepend=p, append=a), (x > 0).diff()
+
+        self.replay(step, lambda n: [torch.randn(2, n), torch.randn(2, n % 2),
+                                     torch.randn(2, 1)], (4, 0, 1, 6), [(1,), (1,), ()],
+                    backends=("aot_eager",))
+
+    def test_known_lengths_run_atens(self):
+        # guard: a length known to cover the order traces ATen's composite, as before: its
+        # narrows, not slices to the end
+        for x in (torch.randn(3, 4), torch.randn(3, 5)):
+            gm = make_fx(lambda x: x.diff(n=2), tracing_mode="symbolic")(x)
+            self.assertNotIn(str(sys.maxsize), gm.code)
+            self.assertEqual(gm(x), x.diff(n=2))
 
 
 class TestSplitIterationRangesUnbacked(TestCase):
