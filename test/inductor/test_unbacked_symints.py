@@ -1,8 +1,8 @@
 # Owner(s): ["module: inductor"]
 import contextlib
 import copy
-import sys
 import os
+import sys
 
 import sympy
 import torch
