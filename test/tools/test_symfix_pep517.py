@@ -77,8 +77,9 @@ class TestBuildsAsTorch(TestCase):
         self.assertEqual(sha256(wheel), sha256(self.cli_wheel))
 
     def venv(self, name: str) -> Path:
-        run([self.uv, "venv", "-q", "--seed", "-p", sys.executable, self.out(name) / "venv"])
-        return self.tmp / name / "venv" / "bin" / "python"
+        venv = self.out(name) / "venv"
+        run([self.uv, "venv", "-q", "--seed", "-p", sys.executable, venv])
+        return venv / "bin" / "python"
 
     def installed_version(self, python: Path) -> str:
         return run([python, "-c", "import importlib.metadata as m; print(m.version('torch'))"]
