@@ -1,6 +1,7 @@
 # Owner(s): ["module: inductor"]
 import contextlib
 import copy
+import functools
 import os
 
 import sympy
@@ -2171,12 +2172,12 @@ class TestDiffUnbacked(_ReplayTestCase):
                     backends=("aot_eager",))
 
     def test_known_lengths_run_atens(self):
-        # guard: a length known to cover the order traces ATen's composite, as before: its
-        # narrows of the input, no zeros appended to it
-        for x in (torch.randn(3, 4), torch.randn(3, 5)):
-            gm = make_fx(lambda x: x.diff(n=2), tracing_mode="symbolic")(x)
+        # guard: a length known to cover the order, or backed (guarded on), traces ATen's
+        # composite, as before: its narrows of the input, no zeros appended to it
+        for x, n in ((torch.randn(3, 4), 2), (torch.randn(3, 5), 2), (torch.randn(3, 4), 5)):
+            gm = make_fx(functools.partial(torch.diff, n=n), tracing_mode="symbolic")(x)
             self.assertNotIn("aten.cat", gm.code)
-            self.assertEqual(gm(x), x.diff(n=2))
+            self.assertEqual(gm(x), x.diff(n=n))
 
 
 class TestSplitIterationRangesUnbacked(TestCase):
