@@ -1567,6 +1567,96 @@ class TestCrossEntropyUnbacked(_ReplayTestCase):
             self.assertEqual(g(x, idx, w), loss(x, idx, w))
 
 
+class TestLinearCrossEntropyUnbacked(_ReplayTestCase):
+    """F.linear_cross_entropy over unbacked batch, feature and class sizes, each its own symbol:
+    its size checks were branches on them (`in_features != linear_weight.shape[-1]` guarded
+    Ne(u0, u2), and a target was taken as class probabilities where its shape equals the
+    logits'). They are conditions now, checked where the graph runs: only a target of the logits'
+    dims can be one of probabilities, as in eager."""
+
+    @staticmethod
+    def losses(x, w, b, idx, prob):
+        weight = torch.linspace(0.5, 1.5, 5)
+        return (F.linear_cross_entropy(x, w, idx),
+                F.linear_cross_entropy(x, w, prob, linear_bias=b, reduction="none"),
+                F.linear_cross_entropy(x, w, idx, linear_bias=b, weight=weight,
+                                       reduction="sum", label_smoothing=0.1),
+                F.linear_cross_entropy(x, w, idx, ignore_index=2),
+                F.linear_cross_entropy(x, w, prob, label_smoothing=0.2))
+
+    @staticmethod
+    def make(n):
+        return [torch.randn(n, 6), torch.randn(5, 6), torch.randn(5),
+                torch.randint(0, 5, (n,)), torch.rand(n, 5).softmax(1)]
+
+    def test_modes_match_eager(self):
+        self.replay(self.losses, self.make, (4, 1, 0, 7, 129),
+                    [(0, 1), (), (), (0,), (0, 1)])
+
+    def test_other_sizes_are_refused_at_run_time(self):
+        torch._dynamo.reset()
+        compiled = torch.compile(F.linear_cross_entropy, backend="aot_eager", fullgraph=True)
+
+        def marked(*args):
+            for a in args:
+                for d in range(a.dim()):
+                    torch._dynamo.decorators.mark_unbacked(a, d)
+            return args
+
+        x, w, prob = marked(torch.randn(4, 6), torch.randn(5, 6), torch.rand(4, 5))
+        self.assertEqual(compiled(x, w, prob), F.linear_cross_entropy(x, w, prob))
+        for args in (marked(x, torch.randn(5, 7), prob), marked(x, w, torch.rand(3, 5)),
+                     marked(x, w, torch.rand(4, 6))):
+            with self.assertRaises((RuntimeError, AssertionError)):
+                compiled(*args)
+
+    def test_static_and_backed_sizes_as_before(self):
+        # guard: eager's errors and messages; no runtime assertion in a graph of known or
+        # backed sizes
+        with self.assertRaisesRegex(RuntimeError, "expected equal input and linear_weight last "
+                                    r"dimensions \(in_features\), got 6 and 7"):
+            F.linear_cross_entropy(torch.randn(4, 6), torch.randn(5, 7), torch.zeros(4).long())
+        with self.assertRaisesRegex(RuntimeError, r"expected linear_bias shape \(5,\), got \(4,\)"):
+            F.linear_cross_entropy(torch.randn(4, 6), torch.randn(5, 6), torch.zeros(4).long(),
+                                   linear_bias=torch.randn(4))
+        with self.assertRaisesRegex(RuntimeError, "ignore_index cannot be specified"):
+            F.linear_cross_entropy(torch.randn(4, 6), torch.randn(5, 6), torch.rand(4, 5),
+                                   ignore_index=1)
+        args = self.make(4)
+        for mode in ("real", "symbolic"):
+            g = make_fx(self.losses, tracing_mode=mode)(*args)
+            asserts = [n for n in g.graph.nodes if "assert" in str(n.target)]
+            self.assertEqual(asserts, [], msg=mode)
+            self.assertEqual(g(*args), self.losses(*args))
+
+
+class TestTakeAlongDimUnbacked(_ReplayTestCase):
+    """torch.take_along_dim over unbacked sizes (a MoE router's top-k gathered back): ATen's
+    composite read the sizes as ints to broadcast input and indices against each other, which
+    specialized an unbacked one (u0). Traced, the same broadcasts and gather with symbolic sizes,
+    indices from the end wrapped as ATen wraps them."""
+
+    @staticmethod
+    def gathers(x, idx, row):
+        return (torch.take_along_dim(x, idx, 1), torch.take_along_dim(x, row, 1),
+                torch.take_along_dim(x, idx, -1).sum(1))
+
+    @staticmethod
+    def make(n):
+        return [torch.randn(n, 8), torch.randint(-8, 8, (n, 3)), torch.randint(0, 8, (1, 5))]
+
+    def test_modes_match_eager(self):
+        self.replay(self.gathers, self.make, (4, 1, 0, 7, 129), [(0,), (0,), ()])
+
+    def test_known_sizes_run_atens(self):
+        # guard: without an unbacked size the traced ops are ATen's composite's
+        args = self.make(4)
+        for mode in ("real", "symbolic"):
+            g = make_fx(self.gathers, tracing_mode=mode)(*args)
+            self.assertNotIn("aten.where", {str(n.target) for n in g.graph.nodes}, msg=mode)
+            self.assertEqual(g(*args), self.gathers(*args))
+
+
 class TestFeatureAndAlphaDropoutUnbacked(TestCase):
     """dropout2d/3d, alpha_dropout and feature_alpha_dropout over unbacked sizes: ATen's
     composite returns an empty input itself and asked input.numel() == 0 (Eq(u0*u1*u2, 0)).

@@ -72,6 +72,7 @@ class TestSuiteShards(TestCase):
         self.assertEqual(list(suite), list(matrix.SUITE_SHARDS))
         self.assertEqual(set(started), {*(f"suite-{n}" for n in matrix.SUITE_SHARDS),
                                         "matrix-stock", "matrix-stock+ops", "matrix-stock+dist",
+                                        "matrix-stock+flex",
                                         "matrix-stock+triton",
                                         "matrix-patched+triton",
                                         *(f"control-{f.id}" for f in SERIES.fixes
@@ -85,7 +86,7 @@ class TestSuiteShards(TestCase):
         # without the suite, the patched column is its two jobs' outcomes too
         with mock.patch.object(matrix, "run_tests", fake_run):
             results, suite = matrix.run_columns(SERIES, pythons, {}, suite=False)
-        self.assertEqual(list(suite), ["patched", "patched+ops", "patched+dist"])
+        self.assertEqual(list(suite), ["patched", *(f"patched{job}" for job in matrix.JOBS)])
         self.assertEqual(results["stock"], {t: "failed" for t in ids})
         self.assertEqual(set(results["control"]),
                          {f.id for f in SERIES.fixes if f.status == "in-base" and f.control})
@@ -104,7 +105,8 @@ class TestSuiteShards(TestCase):
             results, _ = matrix.run_columns(
                 SERIES, {"stock": why, "patched": Path("patched")}, {}, suite=False)
         self.assertEqual(sorted(started), ["matrix-patched", "matrix-patched+dist",
-                                           "matrix-patched+ops", "matrix-patched+triton"])
+                                           "matrix-patched+flex", "matrix-patched+ops",
+                                           "matrix-patched+triton"])
         self.assertEqual((results["stock"], results["stock+triton"], results["control"]),
                          (why, why, why))
         text, problems = matrix.table(SERIES, results)
@@ -184,7 +186,8 @@ class TestSuiteShards(TestCase):
                   mock.patch.object(matrix, "ThreadPoolExecutor", Inline),
                   mock.patch.object(matrix, "LOGS", logs)):
                 matrix.run_columns(SERIES, {"stock": Path("stock"), "patched": Path("p")}, {})
-        self.assertEqual(started, ["matrix-stock+ops", "matrix-stock+dist", "suite-tools",
+        self.assertEqual(started, ["matrix-stock+ops", "matrix-stock+dist", "matrix-stock+flex",
+                                   "suite-tools",
                                    "suite-distributed", "suite-inductor", "suite-ops",
                                    "matrix-stock+triton", "matrix-patched+triton", *CONTROL_JOBS,
                                    "suite-audit", "matrix-stock", "suite-rest"])
@@ -279,13 +282,15 @@ class TestOutcomeCache(TestCase):
         patcher.start()
         self.addCleanup(patcher.stop)
 
-    def env(self, name: str, torch_version: str, requirements=()) -> Path:
+    def env(self, name: str, torch_version: str, requirements=(), triton=None) -> Path:
         env = self.tmp / name
         (env / "bin").mkdir(parents=True)
         (env / "bin" / "python").symlink_to(sys.executable)
         version = env / "lib" / "python3" / "site-packages" / "torch" / "version.py"
         version.parent.mkdir(parents=True)
         version.write_text(f"__version__ = {torch_version!r}\n")
+        if triton:  # installed, asked for or not
+            (version.parent.parent / f"triton-{triton}.dist-info").mkdir()
         (env / envs.MARKER).write_text(json.dumps(
             {"python": sys.executable, "requirements": list(requirements),
              "torch_version": torch_version}))
@@ -306,18 +311,22 @@ class TestOutcomeCache(TestCase):
         self.assertEqual(self.ran.read_text().count("ran"), 2)
 
     def test_triton_keys_only_the_triton_column(self):
-        # one base's oracle (no triton installed) and another's stock column (its triton) are
-        # one torch: the second reuses the first's outcomes, except on the Triton path
-        # (each run says which base it is for, and has caches of its own: not keys)
-        oracle = self.env("upstream", "2.15.0+cu132", ["pytest"])
-        stock = self.env("stock", "2.15.0+cu132", ["pytest", "triton==3.9.0"])
+        # one base's oracle (triton brought by torch) and another's stock column (triton asked
+        # for) are one torch: the second reuses the first's outcomes, on the Triton path too
+        # (each run says which base it is for, and has caches of its own: not keys); another
+        # triton is another Triton column, the same torch's other columns
+        oracle = self.env("upstream", "2.15.0+cu132", ["pytest"], triton="3.9.0")
+        stock = self.env("stock", "2.15.0+cu132", ["pytest", "triton==3.9.0"], triton="3.9.0")
+        older = self.env("older", "2.15.0+cu132", ["pytest", "triton==3.7.1"], triton="3.7.1")
         run_of = {base: {"SYMFIX_BASE": base, "SYMFIX_BASE_WHEEL": f"/{base}.whl",
                          "TORCHINDUCTOR_CACHE_DIR": f"/tmp/{base}"} for base in ("13", "15")}
-        self.assertEqual(self.runs(oracle, 1, extra_env=run_of["13"])
-                         + self.runs(stock, 1, extra_env=run_of["15"]), ["failed", "failed"])
+        for python in (oracle, stock, older):
+            self.assertEqual(self.runs(python, 1, extra_env=run_of["13"]), ["failed"])
         self.assertEqual(self.ran.read_text().count("ran"), 1)
-        self.runs(stock, 1, extra_env=matrix.TRITON_ENV)
-        self.runs(oracle, 1, extra_env=matrix.TRITON_ENV)
+        for python in (oracle, stock):
+            self.runs(python, 1, extra_env={**run_of["15"], **matrix.TRITON_ENV})
+        self.assertEqual(self.ran.read_text().count("ran"), 2)
+        self.runs(older, 1, extra_env=matrix.TRITON_ENV)
         self.assertEqual(self.ran.read_text().count("ran"), 3)
 
     def test_patched_build_never_kept(self):

@@ -85,10 +85,11 @@ TRITON_ENV = {"SYMFIX_INDUCTOR": "triton"}
 
 # A column's tests run as several jobs, so that both cores stay busy to the end of a matrix: the
 # scoreboards' per-op tests (hundreds of short ones), the distributed tests (gloo ranks, the
-# compiled workload: a third of the patched column's time) and the rest. A test id goes to the
-# first job whose prefixes it has, else to the rest (suffix "").
+# compiled workload: a quarter of the patched column's time), FlexAttention's (another quarter)
+# and the rest. A test id goes to the first job whose prefixes it has, else to the rest (suffix "").
 SCOREBOARD_TESTS = ("test/test_ops_unbacked.py::", "test/distributed/tensor/test_dtensor_ops.py::")
-JOBS = {"+ops": SCOREBOARD_TESTS, "+dist": ("test/distributed/",)}
+JOBS = {"+ops": SCOREBOARD_TESTS, "+dist": ("test/distributed/",),
+        "+flex": ("test/inductor/test_flex_attention.py::",)}
 
 
 def parts(ids: list[str]) -> dict[str, list[str]]:
@@ -128,10 +129,12 @@ def outcome_cache(python: Path, env: dict[str, str]) -> Path | None:
     version = next(python.parent.parent.glob("lib/python*/site-packages/torch/version.py"), None)
     if info is None or version is None or "symfix" in info.get("torch_version", "symfix"):
         return None
-    # Triton matters only to the Triton column: the oracle of one base's run and the stock column
-    # of another's are one torch whether or not their environment has it.
-    reqs = [r for r in info["requirements"]
-            if TRITON_ENV.keys() <= env.keys() or not r.startswith("triton")]
+    # Triton matters only to the Triton column, and there the one installed, whether asked for
+    # (the base's, an extra requirement) or brought by torch (the oracle's): the oracle of one
+    # base's run and the stock column of another's are one torch.
+    reqs = [r for r in info["requirements"] if not r.startswith("triton")]
+    if TRITON_ENV.keys() <= env.keys():
+        reqs += [d.name for d in version.parent.parent.glob("triton-*.dist-info")]
     key = json.dumps([version.read_text(), info["python"], reqs,
                       sorted((k, v) for k, v in env.items() if k not in UNKEYED),
                       tree_digest()])
