@@ -1657,6 +1657,55 @@ class TestTakeAlongDimUnbacked(_ReplayTestCase):
             self.assertEqual(g(*args), self.gathers(*args))
 
 
+class TestTensordotUnbacked(_ReplayTestCase):
+    """tensordot and inner over unbacked batch and contracted sizes, each its own symbol: ATen's
+    tensordot asked each contracted pair whether a size is 1 (to sum it right away, a
+    broadcast), which guarded (Eq(u3, 1)), and inner checked the last sizes with C++'s ==
+    (Eq(u0, u1)). Traced, a pair not known to be 1 is a runtime check of equal sizes."""
+
+    @staticmethod
+    def products(x, y, v, w):
+        return (torch.tensordot(x, y, dims=([1, 2], [0, 1])), torch.tensordot(x, y, dims=2),
+                torch.inner(x, v), torch.tensordot(x, w, dims=([2], [0])))
+
+    @staticmethod
+    def make(n):
+        # x (batch, 3, length) against y (3, length, 4); w's contracted size is a static 1
+        return [torch.randn(n, 3, n + 1), torch.randn(3, n + 1, 4), torch.randn(5, n + 1),
+                torch.randn(1, 2)]
+
+    def test_modes_match_eager(self):
+        self.replay(self.products, self.make, (4, 1, 0, 7, 33), [(0, 2), (1,), (1,), ()])
+
+    def test_a_broadcast_one_is_refused_at_run_time(self):
+        # eager sums a contracted size of 1 against any other; the graph traced for unbacked
+        # sizes takes them as equal and refuses the broadcast loudly
+        torch._dynamo.reset()
+        compiled = torch.compile(torch.tensordot, backend="aot_eager", fullgraph=True)
+
+        def marked(x, y):
+            torch._dynamo.decorators.mark_unbacked(x, 1)
+            torch._dynamo.decorators.mark_unbacked(y, 0)
+            return x, y
+
+        x, y = marked(torch.randn(2, 5), torch.randn(5, 3))
+        self.assertEqual(compiled(x, y, dims=1), torch.tensordot(x, y, dims=1))
+        x, y = torch.randn(2, 5), torch.randn(1, 3)
+        self.assertEqual(torch.tensordot(x, y, dims=1), x.sum(1, keepdim=True) @ y)
+        with self.assertRaises((RuntimeError, AssertionError)):
+            compiled(*marked(x, y), dims=1)
+
+    def test_known_sizes_run_atens(self):
+        # guard: without an unbacked size the traced ops are ATen's composite's, no runtime
+        # assertion
+        args = self.make(4)
+        for mode in ("real", "symbolic"):
+            g = make_fx(self.products, tracing_mode=mode)(*args)
+            targets = {str(n.target) for n in g.graph.nodes}
+            self.assertFalse({t for t in targets if "assert" in t}, msg=mode)
+            self.assertEqual(g(*args), self.products(*args))
+
+
 class TestFeatureAndAlphaDropoutUnbacked(TestCase):
     """dropout2d/3d, alpha_dropout and feature_alpha_dropout over unbacked sizes: ATen's
     composite returns an empty input itself and asked input.numel() == 0 (Eq(u0*u1*u2, 0)).
