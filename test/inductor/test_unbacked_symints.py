@@ -1706,6 +1706,65 @@ class TestTensordotUnbacked(_ReplayTestCase):
             self.assertEqual(g(*args), self.products(*args))
 
 
+class TestKronUnbacked(_ReplayTestCase):
+    """torch.kron over unbacked sizes: ATen's composite read the sizes as ints to interleave
+    them, which specialized an unbacked one (u0); traced, the same views and product over
+    symbolic sizes."""
+
+    @staticmethod
+    def products(a, b, v):
+        return torch.kron(a, b), torch.kron(v, b)
+
+    def test_modes_match_eager(self):
+        self.replay(self.products,
+                    lambda n: [torch.randn(n, 2), torch.randn(3, n + 1), torch.randn(n)],
+                    (4, 1, 0, 7, 33), [(0,), (1,), (0,)])
+
+
+class TestRepeatInterleaveUnbacked(_ReplayTestCase):
+    """repeat_interleave by a tensor of counts (tokens repeated per expert) whose size is
+    unbacked: ATen's composite checked the counts against the input's size with C++'s ==
+    (Eq(u3, u1)); traced, a runtime check. The result's length is data, an unbacked size."""
+
+    @staticmethod
+    def repeats(x, counts):
+        return (x.repeat_interleave(counts, dim=0), torch.repeat_interleave(x, counts[:1].sum()),
+                x.repeat_interleave(2, dim=1), x.t().repeat_interleave(counts, dim=-1))
+
+    @staticmethod
+    def make(n):
+        return [torch.randn(n, 3), torch.randint(0, 3, (n,))]
+
+    def test_modes_match_eager(self):
+        self.replay(self.repeats, self.make, (4, 1, 0, 7, 33), [(0,), (0,)])
+
+    def test_a_single_repeat_against_more_is_refused_at_run_time(self):
+        # eager repeats every element by a single count; the graph traced for unbacked sizes
+        # takes the counts as one per element and refuses it loudly
+        torch._dynamo.reset()
+        compiled = torch.compile(torch.repeat_interleave, backend="aot_eager", fullgraph=True)
+
+        def marked(*args):
+            for a in args:
+                torch._dynamo.decorators.mark_unbacked(a, 0)
+            return args
+
+        x, counts = torch.randn(4, 3), torch.tensor([1, 0, 2, 1])
+        self.assertEqual(compiled(*marked(x, counts), dim=0), x.repeat_interleave(counts, dim=0))
+        x, counts = torch.randn(3, 3), torch.tensor([2])
+        self.assertEqual(x.repeat_interleave(counts, dim=0).shape, (6, 3))
+        with self.assertRaises((RuntimeError, AssertionError)):
+            compiled(*marked(x, counts), dim=0)
+
+    def test_known_sizes_run_atens(self):
+        # guard: without an unbacked size the traced ops are ATen's composite's, no runtime
+        # assertion from the check
+        args = self.make(4)
+        g = make_fx(self.repeats)(*args)
+        self.assertFalse({n for n in g.graph.nodes if "assert" in str(n.target)})
+        self.assertEqual(g(*args), self.repeats(*args))
+
+
 class TestFeatureAndAlphaDropoutUnbacked(TestCase):
     """dropout2d/3d, alpha_dropout and feature_alpha_dropout over unbacked sizes: ATen's
     composite returns an empty input itself and asked input.numel() == 0 (Eq(u0*u1*u2, 0)).
