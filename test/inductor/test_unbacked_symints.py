@@ -1765,6 +1765,263 @@ class TestRepeatInterleaveUnbacked(_ReplayTestCase):
         self.assertEqual(g(*args), self.repeats(*args))
 
 
+class TestAdaptivePoolMetaMemoryFormatUnbacked(_ReplayTestCase):
+    """adaptive_max_pool2d and the adaptive 2-d poolings' backwards over unbacked sizes: their
+    metas laid out the result with ``new_empty(...).to(memory_format=...)``, whose ``to`` asks
+    eager's is_contiguous and guarded (u0 > 1); the result is now allocated in that layout."""
+
+    @staticmethod
+    def pools(x, y):
+        return (F.adaptive_max_pool2d(x, (2, 3), return_indices=True),
+                F.adaptive_avg_pool2d(y, (3, 2)))
+
+    @staticmethod
+    def make(n):
+        x = torch.randn(n, n + 2, 5, n + 3).to(memory_format=torch.channels_last)
+        return [x, torch.randn(2, n + 1, n + 4, 6)]
+
+    def test_modes_match_eager(self):
+        self.replay(self.pools, self.make, (4, 1, 0, 7, 33), [(0, 1, 3), (1, 2)],
+                    backends=("aot_eager",))
+
+    def test_inductor_matches_eager(self):
+        self.replay(self.pools, self.make, (4, 1, 7), [(0, 1, 3), (1, 2)],
+                    modes={"grad": MODES["grad"]}, backends=("inductor",))
+
+    def test_channels_last_result_strides(self):
+        # the layout eager picks for a channels-last input, strides compared (replay compares
+        # them only for contiguous results)
+        torch._dynamo.reset()
+        compiled = torch.compile(self.pools, backend="aot_eager", fullgraph=True)
+        x, y = self.make(5)
+        for d in (0, 1, 3):
+            torch._dynamo.decorators.mark_unbacked(x, d)
+        got, ref = compiled(x, y), self.pools(x, y)
+        for g, r in zip(_tensors(got), _tensors(ref)):
+            self.assertEqual(g.stride(), r.stride())
+
+
+class TestPoolingCeilModeLastWindowUnbacked(_ReplayTestCase):
+    """Pooling in ceil_mode where a stride and padding as wide as the kernel may leave the last
+    window outside the input: the meta asked whether it does ((o - 1)*s >= L + p) of an
+    unbacked L. The count of windows that start inside, min(o, (L + p - 1) // s + 1), is what
+    ATen's test gives."""
+
+    @staticmethod
+    def pools(x):
+        return (F.max_pool2d(x, 3, stride=3, padding=1, ceil_mode=True),
+                F.avg_pool2d(x, 2, stride=3, padding=1, ceil_mode=True),
+                F.max_pool2d(x, (3, 2), stride=(4, 3), padding=1, ceil_mode=True,
+                             return_indices=True))
+
+    def test_modes_match_eager(self):
+        # every remainder of the size by the strides: the last window inside, and outside
+        self.replay(self.pools, lambda n: [torch.randn(2, 3, n, n + 5)],
+                    (7, 1, 2, 3, 4, 5, 6, 8, 13, 34), [(2, 3)], modes={"grad": MODES["grad"]})
+        self.replay(self.pools, lambda n: [torch.randn(2, 3, n, n + 5)], (7, 1, 2, 9),
+                    [(2, 3)], backends=("aot_eager",))
+
+    def test_known_sizes_unchanged(self):
+        # guard: static sizes ask the size as before, no min in the shapes
+        x = torch.randn(2, 3, 7, 12)
+        g = make_fx(self.pools)(x)
+        self.assertEqual([tuple(t.shape) for t in _tensors(g(x))],
+                         [tuple(t.shape) for t in _tensors(self.pools(x))])
+
+
+class TestPoolingCompositesUnbacked(_ReplayTestCase):
+    """The pooling composites ATen writes in C++ over unbacked sizes: adaptive_avg_pool2d/3d
+    asked whether every output size is 1 (Eq(u2, 1), an input's size passed as None),
+    adaptive_max_pool1d and max_pool1d that a size is not 0 (u1 > 0, Ne(u0, 0)); traced, the
+    pooling kernel where the answer is unknown, and runtime checks."""
+
+    @staticmethod
+    def pools(x, y, z):
+        return (F.adaptive_avg_pool2d(x, (None, 3)), F.adaptive_avg_pool2d(x, (None, 1)),
+                F.adaptive_avg_pool3d(z, (None, 2, None)),
+                F.adaptive_max_pool1d(y, 3, return_indices=True),
+                F.max_pool1d(y, 3, stride=2), F.max_pool1d(y, 2, return_indices=True))
+
+    @staticmethod
+    def make(n):
+        x = torch.randn(2, 3, n, n + 4).to(memory_format=torch.channels_last)
+        return [x, torch.randn(n, 3, n + 5), torch.randn(1, 2, n, 3, n + 1)]
+
+    def test_modes_match_eager(self):
+        self.replay(self.pools, self.make, (4, 1, 7, 33), [(2, 3), (0, 2), (2, 4)],
+                    backends=("aot_eager",))
+        self.replay(self.pools, self.make, (4, 1, 7), [(2, 3), (0, 2), (2, 4)],
+                    modes={"grad": MODES["grad"]}, backends=("inductor",))
+
+    def test_output_size_one_takes_means_values_and_layout(self):
+        # at an output size of 1 eager takes a mean (channels-last strides set by hand); the
+        # graph, traced without knowing it is 1, pools: the same values and strides
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda x: F.adaptive_avg_pool2d(x, (None, 1)),
+                                 backend="aot_eager", fullgraph=True)
+        for make in (lambda n: torch.randn(2, 3, n, 5).to(memory_format=torch.channels_last),
+                     lambda n: torch.randn(3, n, 5)):
+            for n in (4, 1):  # traced at 4
+                x = make(n)
+                ref = F.adaptive_avg_pool2d(x, (None, 1))
+                c = x.clone()
+                torch._dynamo.decorators.mark_unbacked(c, c.dim() - 2)
+                got = compiled(c)
+                self.assertEqual(got, ref)
+                self.assertEqual(got.stride(), ref.stride())
+
+    def test_empty_sizes_refused_at_run_time(self):
+        # eager refuses an empty non-batch size; so does the graph when it runs
+        torch._dynamo.reset()
+        for pool in (lambda y: F.adaptive_max_pool1d(y, 3), lambda y: F.max_pool1d(y, 2)):
+            compiled = torch.compile(pool, backend="aot_eager", fullgraph=True)
+            y = torch.randn(2, 3, 0)
+            with self.assertRaises(RuntimeError):
+                pool(y)
+            torch._dynamo.decorators.mark_unbacked(y, 2)
+            with self.assertRaises((RuntimeError, AssertionError)):
+                compiled(y)
+
+    def test_known_sizes_run_atens(self):
+        # guard: without an unbacked size the traced ops are ATen's composites', no runtime
+        # assertion from the checks
+        args = self.make(4)
+        g = make_fx(self.pools)(*args)
+        self.assertFalse({n for n in g.graph.nodes if "assert" in str(n.target)})
+        self.assertEqual(g(*args), self.pools(*args))
+
+
+class TestInterpolateAreaUnbacked(_ReplayTestCase):
+    """interpolate(mode="area") of a 3-d input whose length is unbacked: a scale factor's output
+    size (TruncToInt(1.7*ToFloat(u2))) went to adaptive_avg_pool1d, whose int[] output size
+    specialized it; it is the same 2-d pooling over a size-1 row, which takes a SymInt[]."""
+
+    @staticmethod
+    def areas(x):
+        return (F.interpolate(x, scale_factor=1.7, mode="area"),
+                F.interpolate(x, scale_factor=0.6, mode="area", recompute_scale_factor=True),
+                F.interpolate(x, size=5, mode="area"))
+
+    def test_modes_match_eager(self):
+        self.replay(self.areas, lambda n: [torch.randn(2, 3, n)], (4, 2, 7, 33), [(0, 2)],
+                    backends=("aot_eager",))
+        self.replay(self.areas, lambda n: [torch.randn(2, 3, n)], (4, 2, 7), [(0, 2)],
+                    modes={"grad": MODES["grad"]}, backends=("inductor",))
+
+
+class TestAdaptivePoolInductorUnbacked(_ReplayTestCase):
+    """Inductor's adaptive 2-d poolings over unbacked sizes: their lowerings read the input's
+    sizes as ints to size the windows, and adaptive_max_pool2d's decomposition asked whether
+    they divide evenly (Eq(Mod(u2, 3), 0)); an unbacked size now takes ATen's kernel."""
+
+    @staticmethod
+    def pools(x):
+        return (F.adaptive_avg_pool2d(x, (5, 3)), F.adaptive_max_pool2d(x, (2, 3)),
+                F.adaptive_max_pool2d(x, 1, return_indices=True))
+
+    def test_matches_eager(self):
+        self.replay(self.pools, lambda n: [torch.randn(2, 3, n, n + 2)], (6, 1, 9, 34),
+                    [(2, 3)], modes={"grad": MODES["grad"], "no_grad": MODES["no_grad"]},
+                    backends=("inductor",))
+
+
+class TestViewIndexerUnbacked(_ReplayTestCase):
+    """Inductor's view of a computed (unrealized) tensor whose dims regroup across an unbacked
+    size, the heads split of attention: (L, N, 8) -> (L, N*2, 4). The reshape indexer merged
+    the new dims (4, then 2*N) past the old 8 and asserted 8*N == 8 at run time, and Dynamo's
+    guard refused the very sizes it traced (1 <= N <= 2). An unproven grouping now falls back
+    to a contiguous copy."""
+
+    @staticmethod
+    def heads(x):
+        y = x * 2 + 1
+        return y.view(x.size(0), x.size(1) * 2, 4).transpose(0, 1), y.view(-1, 2, 4)
+
+    def test_inductor_matches_eager(self):
+        self.replay(self.heads, lambda n: [torch.randn(n + 2, n, 8)], (3, 1, 6), [(0, 1)],
+                    modes={"grad": MODES["grad"], "no_grad": MODES["no_grad"]},
+                    backends=("inductor",))
+
+
+class TestMultiheadAttentionUnbacked(_ReplayTestCase):
+    """multi_head_attention_forward over unbacked sizes: its size checks were Python
+    comparisons (embed_dim != embed_dim_to_check guarded Ne(u1, 2), key against value shapes,
+    the masks' shapes), the packed weights were cut with chunk(3), whose count depends on
+    their rows, and the bias_k/bias_v rows were repeated over the batch, whose backward asks
+    whether the batch is 0. Traced, the checks hold at run time, chunk's count follows from
+    the rows checked to be 3 * embed_dim, and the rows are expanded."""
+
+    @staticmethod
+    def mha(**kwargs):
+        torch.manual_seed(0)
+        return torch.nn.MultiheadAttention(8, 2, **kwargs).eval()
+
+    def test_module_modes_match_eager(self):
+        # a batch and sequences of unbacked size, self- and cross-attention with a key
+        # padding mask and learned bias rows
+        self_attn, cross = self.mha(add_bias_kv=True), self.mha(kdim=5, vdim=3)
+
+        def attend(x, mem, kpm):
+            return (self_attn(x, x, x, need_weights=False)[0],
+                    cross(x, mem[..., :5], mem[..., 5:], key_padding_mask=kpm))
+
+        def make(n):
+            return [torch.randn(n + 1, n, 8), torch.randn(n + 2, n, 8),
+                    torch.rand(n, n + 2) > 0.7]
+
+        self.replay(attend, make, (3, 1, 2, 9), [(0, 1), (0, 1), (0, 1)],
+                    backends=("aot_eager",))
+        self.replay(attend, make, (3, 1, 7), [(0, 1), (0, 1), (0, 1)],
+                    modes={"grad": MODES["grad"]}, backends=("inductor",))
+
+    def test_weights_unbacked_match_eager(self):
+        # every size unbacked (upstream's method): the weights' rows and columns each their
+        # own symbol, equated with the embedding dimension by the checks
+        def forward(q, kv, w, b, wo, bk, mask):
+            return F.multi_head_attention_forward(
+                q, kv, kv, 4, 2, w, b, bk, bk.flip(0), False, 0.0, wo, None,
+                attn_mask=mask, need_weights=True)
+
+        def make(n):
+            return [torch.randn(n, 3, 4), torch.randn(n + 2, 3, 4), torch.randn(12, 4),
+                    torch.randn(12), torch.randn(4, 4), torch.randn(4), torch.randn(n, n + 2)]
+
+        self.replay(forward, make, (3, 1, 6), [(0, 2), (0, 2), (0, 1), (0,), (0, 1), (0,),
+                                                (0, 1)], backends=("aot_eager",))
+
+    def test_wrong_sizes_refused_at_run_time(self):
+        # eager raises AssertionError (RuntimeError for a mask); the graph traced for unbacked
+        # sizes raises when it runs
+        def forward(q, w):  # key and value are other tensors: the packed weights are chunked
+            return F.multi_head_attention_forward(q, q + 1, q - 1, 4, 2, w, None, None, None,
+                                                  False, 0.0, torch.eye(4), None)[0]
+
+        torch._dynamo.reset()
+        compiled = torch.compile(forward, backend="aot_eager", fullgraph=True)
+        q, w = torch.randn(3, 2, 4), torch.randn(13, 4)
+        with self.assertRaisesRegex(AssertionError, "expecting 12 rows of in_proj_weight"):
+            forward(q, w)
+        torch._dynamo.decorators.mark_unbacked(w, 0)
+        with self.assertRaises((RuntimeError, AssertionError)):
+            compiled(q, w)
+
+    def test_torchscript_and_tracer_compare_as_before(self):
+        # guard: TorchScript and the JIT tracer keep comparing sizes in Python, with eager's
+        # errors and messages
+        m = self.mha(kdim=5, vdim=3)
+        x, k, v = torch.randn(3, 2, 8), torch.randn(6, 2, 5), torch.randn(6, 2, 3)
+        scripted = torch.jit.script(m)
+        self.assertEqual(scripted(x, k, v)[0], m(x, k, v)[0])
+        for f in (m, scripted):
+            with self.assertRaisesRegex(Exception, r"2D attn_mask is .*3, 2.*should be \(3, 6\)"):
+                f(x, k, v, attn_mask=torch.randn(3, 2))
+        with self.assertRaisesRegex(AssertionError, "was expecting embedding dimension of 9"):
+            F.multi_head_attention_forward(x, x, x, 9, 1, torch.randn(24, 8), None, None, None,
+                                           False, 0.0, torch.eye(8), None)
+        traced = torch.jit.trace(m, (x, k, v))
+        self.assertEqual(traced(x, k, v)[0], m(x, k, v)[0])
+
+
 class TestFeatureAndAlphaDropoutUnbacked(TestCase):
     """dropout2d/3d, alpha_dropout and feature_alpha_dropout over unbacked sizes: ATen's
     composite returns an empty input itself and asked input.numel() == 0 (Eq(u0*u1*u2, 0)).
