@@ -1925,6 +1925,57 @@ class TestAdaptivePoolInductorUnbacked(_ReplayTestCase):
                     backends=("inductor",))
 
 
+class TestSelectDataDependentIndex(TestCase):
+    """Selecting by an index computed in the graph (pytorch#186138: ``table[:, t]`` with a 0-d
+    tensor ``t``): the capture died (2.13.0: ATen's tuple indexing read the tensor as an int;
+    2.14.1, 2.15.0: the index's own symbol, made inside the indexing, was expected among the
+    outputs), and Inductor's select read memory at an out-of-range index unchecked where eager
+    raises."""
+
+    @staticmethod
+    def lookups(table, idx):
+        t = idx.sum()
+        return table[:, t] * 2, table[t - 1, :, 1], table[t, 2:4]
+
+    def compiled(self, fn, backend):
+        torch._dynamo.reset()
+        return torch.compile(fn, backend=backend, fullgraph=True)
+
+    @torch._dynamo.config.patch(capture_scalar_outputs=True)
+    def test_index_by_computed_0d_tensor_matches_eager(self):
+        table = torch.randn(5, 10, 4)
+        for backend in ("eager", "aot_eager", "inductor"):
+            compiled = self.compiled(self.lookups, backend)
+            for idx in ([1, 2], [0, 0], [-3, 1], [2, 2], [-4, 0]):
+                idx = torch.tensor(idx)
+                with _no_graph_caches():
+                    got = compiled(table, idx)
+                for g, r in zip(got, self.lookups(table, idx)):
+                    self.assertEqual(g, r, msg=f"{backend} {idx.tolist()}", atol=0, rtol=0)
+                    self.assertEqual(g.stride(), r.stride())
+
+    @torch._dynamo.config.patch(capture_scalar_outputs=True)
+    def test_out_of_range_index_is_refused(self):
+        # eager raises IndexError; a compiled select checks the index where the graph runs
+        def pick(table, idx):
+            return torch.select(table, 1, idx.sum().item()) * 2
+
+        table = torch.randn(4, 10)
+        for backend in ("aot_eager", "inductor"):
+            compiled = self.compiled(pick, backend)
+            self.assertEqual(compiled(table, torch.tensor([1, 2])), pick(table, torch.tensor([1, 2])))
+            for bad in ([5, 7], [-20, 5]):
+                with self.assertRaises(IndexError):
+                    pick(table, torch.tensor(bad))
+                with self.assertRaises((IndexError, RuntimeError), msg=f"{backend} {bad}"):
+                    compiled(table, torch.tensor(bad))
+
+    def test_static_index_adds_no_check(self):
+        # guard: an index known when tracing is checked then, not where the graph runs
+        g = make_fx(lambda t: torch.select(t, 1, 3), tracing_mode="symbolic")(torch.randn(4, 10))
+        self.assertFalse({n for n in g.graph.nodes if "assert" in str(n.target)})
+
+
 class TestViewIndexerUnbacked(_ReplayTestCase):
     """Inductor's view of a computed (unrealized) tensor whose dims regroup across an unbacked
     size, the heads split of attention: (L, N, 8) -> (L, N*2, 4). The reshape indexer merged
