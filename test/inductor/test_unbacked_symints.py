@@ -1892,6 +1892,57 @@ class TestPoolingCompositesUnbacked(_ReplayTestCase):
         self.assertEqual(g(*args), self.pools(*args))
 
 
+class TestAdaptiveMaxPoolKeptSizesUnbacked(_ReplayTestCase):
+    """adaptive_max_pool2d/3d keeping an unbacked input size (a None output size): ATen's
+    schema takes the output sizes as int[], so the kept size was specialized (u2). A kept dim's
+    windows hold one element each: the other dims pool with each kept index apart, and the
+    indices are the input's own flat indices, ties (here many) broken as ATen's kernel does."""
+
+    @staticmethod
+    def pools(x, z):
+        return (F.adaptive_max_pool2d(x, (None, 3), return_indices=True),
+                F.adaptive_max_pool2d(x, (None, None)),
+                F.adaptive_max_pool3d(z, (2, None, 3), return_indices=True),
+                F.adaptive_max_pool3d(z, (None, 2, None), return_indices=True),
+                F.adaptive_max_pool3d(z[0], (None, None, None), return_indices=True))
+
+    @staticmethod
+    def make(n):
+        x = torch.randn(2, 3, n, n + 4).to(memory_format=torch.channels_last)
+        return [x, torch.randint(0, 3, (2, 3, n + 1, n, 5)).float()]
+
+    def test_modes_match_eager(self):
+        self.replay(self.pools, self.make, (4, 1, 7, 33), [(2, 3), (0, 2, 3)],
+                    backends=("aot_eager",))
+        self.replay(self.pools, self.make, (4, 1, 7), [(2, 3), (0, 2, 3)],
+                    modes={"grad": MODES["grad"]}, backends=("inductor",))
+
+    def test_empty_kept_size_refused_at_run_time(self):
+        # eager refuses an empty non-batch size; so does the graph when it runs
+        def pool(z):
+            return F.adaptive_max_pool3d(z, (None, 2, 2))
+
+        torch._dynamo.reset()
+        compiled = torch.compile(pool, backend="aot_eager", fullgraph=True)
+        z = torch.randn(2, 3, 4, 5)
+        torch._dynamo.decorators.mark_unbacked(z, 1)
+        self.assertEqual(compiled(z), pool(z))
+        empty = torch.randn(2, 0, 4, 5)
+        with self.assertRaises(RuntimeError):
+            pool(empty)
+        torch._dynamo.decorators.mark_unbacked(empty, 1)
+        with self.assertRaises((RuntimeError, AssertionError)):
+            compiled(empty)
+
+    def test_known_sizes_run_atens_op(self):
+        # guard: where no kept size is symbolic the traced op is ATen's own
+        g = make_fx(self.pools)(*self.make(4))
+        targets = {str(n.target) for n in g.graph.nodes if n.op == "call_function"}
+        self.assertIn("aten.adaptive_max_pool3d.default", targets)
+        self.assertNotIn("aten.arange.start_step", targets)
+        self.assertNotIn("aten.arange.default", targets)
+
+
 class TestInterpolateAreaUnbacked(_ReplayTestCase):
     """interpolate(mode="area") of a 3-d input whose length is unbacked: a scale factor's output
     size (TruncToInt(1.7*ToFloat(u2))) went to adaptive_avg_pool1d, whose int[] output size
