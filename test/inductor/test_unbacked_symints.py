@@ -1943,6 +1943,24 @@ class TestAdaptiveMaxPoolKeptSizesUnbacked(_ReplayTestCase):
         self.assertNotIn("aten.arange.default", targets)
 
 
+class TestRemoveNoOpsUnbackedBroadcast(_ReplayTestCase):
+    """Inductor's joint-graph pass that drops an add of zeros or a multiply by ones compared the
+    result's shape with the other operand's by ``!=``: where the zeros broadcast an unbacked
+    size the comparison guarded (Eq(u0, 1)) and the compile died. Unknown shapes now keep the
+    operation; 2.15.0 behaves that way."""
+
+    @staticmethod
+    def broadcasts(x, y):
+        n, m = x.shape
+        return (torch.zeros(n, 1) + y, y * torch.ones(n, 1), torch.arange(m).view(1, m) + torch.zeros(n, 1),
+                x + torch.zeros(n, m))
+
+    def test_matches_eager(self):
+        self.replay(self.broadcasts, lambda n: [torch.randn(n, n + 2), torch.randn(1, n + 2)],
+                    (3, 1, 8, 33), [(0, 1), (1,)], modes={"grad": MODES["grad"]},
+                    backends=("inductor",))
+
+
 class TestInterpolateAreaUnbacked(_ReplayTestCase):
     """interpolate(mode="area") of a 3-d input whose length is unbacked: a scale factor's output
     size (TruncToInt(1.7*ToFloat(u2))) went to adaptive_avg_pool1d, whose int[] output size
