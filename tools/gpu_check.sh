@@ -25,7 +25,7 @@ m = tomllib.load(open('patches/v$base/manifest.toml', 'rb'))
 if 'series-of' in m['base']:  # another release's fixes serve this base
     m = tomllib.load(open(f\"patches/{m['base']['series-of']}/manifest.toml\", 'rb'))
 rows = m['fix'] + m.get('acceptance', [])
-print('\n'.join(dict.fromkeys(t for f in rows for t in f.get('triton', []) + f.get('triton_guard', []))))")
+print('\n'.join(dict.fromkeys(t for f in rows for t in f.get('triton', []) + f.get('triton_guard', []) + f.get('triton_proof', []))))")
 echo "gpu check: ${#ids[@]} tests of the v$base series on $("$PYTHON" -c 'import torch; print(torch.cuda.get_device_name(), "torch", torch.__version__)')"
 SYMFIX_DEVICE=cuda timeout 600 "$PYTHON" -m pytest -q -p no:cacheprovider -rfE \
   --tb=short "${ids[@]}"

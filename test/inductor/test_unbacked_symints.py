@@ -1961,6 +1961,22 @@ class TestRemoveNoOpsUnbackedBroadcast(_ReplayTestCase):
                     backends=("inductor",))
 
 
+class TestTritonSizeHintsUnbacked(_ReplayTestCase):
+    """A Triton kernel's size hints over unbacked sizes are guesses (the fallback per symbol,
+    multiplied) that pick block sizes. Three unbacked dims made 2**43 elements, for which the
+    config heuristics found no grid a GPU launches and refused the kernel (maxGridSize); the
+    guess is now at most 2**31. Only Inductor's Triton path has the heuristics (the C++ path
+    passes either way)."""
+
+    @staticmethod
+    def kernels(x):
+        return x * 2 + 1, x.sum(-1), x.amax(1)
+
+    def test_matches_eager(self):
+        self.replay(self.kernels, lambda n: [torch.randn(2, n, n + 1, 16)], (3, 1, 6),
+                    [(0, 1, 2)], modes={"grad": MODES["grad"]}, backends=("inductor",))
+
+
 class TestInterpolateAreaUnbacked(_ReplayTestCase):
     """interpolate(mode="area") of a 3-d input whose length is unbacked: a scale factor's output
     size (TruncToInt(1.7*ToFloat(u2))) went to adaptive_avg_pool1d, whose int[] output size

@@ -130,6 +130,17 @@ class TestSuiteShards(TestCase):
         plain = next(f for f in SERIES.fixes if f.tests and not f.triton_tests)
         self.assertEqual(matrix.judge(plain, "patched" + matrix.TRITON, {}).text, "–")
 
+    def test_triton_proof_is_a_proof_on_the_triton_path_and_a_guard_elsewhere(self):
+        # a fix of Triton's own code: its test fails on stock only where Triton's code runs
+        fix = next(f for f in SERIES.fixes if f.triton_proof)
+        self.assertEqual(fix.proof, ())
+        stock = dict.fromkeys(fix.tests, "passed")
+        self.assertEqual(matrix.judge(fix, "stock", stock).problems, [])
+        self.assertNotEqual(matrix.judge(fix, "stock" + matrix.TRITON, stock).problems, [])
+        failing = dict.fromkeys(fix.tests, "failed")
+        self.assertEqual(matrix.judge(fix, "stock" + matrix.TRITON, failing).text, "FAIL ✓")
+        self.assertNotEqual(matrix.judge(fix, "patched", failing).problems, [])
+
     def test_interrupted_starts_no_more_jobs(self):
         # Ctrl-C while the jobs run: the KeyboardInterrupt reaches the waiting main thread;
         # the jobs not started yet never start (the running ones stop: the test below)

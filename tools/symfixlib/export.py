@@ -113,7 +113,7 @@ def plan(root: Path, fix_id: str | None, tag: str | None = None) -> Plan:
 
 def repro(series: Series, fix: Fix) -> tuple[str, str] | None:
     """The smallest proof test of ``fix``: its id and its source."""
-    found = [(porttests.test_source(series.root, t), t) for t in fix.proof]
+    found = [(porttests.test_source(series.root, t), t) for t in fix.proof + fix.triton_proof]
     found = [(src, t) for src, t in found if src]
     if not found:
         return None
@@ -127,6 +127,11 @@ def _test_plan(fix: Fix) -> list[str]:
     if fix.proof:
         lines += ["Regression tests (fail without this change, pass with it):", ""]
         lines += [f"- `{t}`" for t in fix.proof]
+        lines += [""]
+    if fix.triton_proof:
+        lines += ["Regression tests on Inductor's Triton (GPU) code path (fail there without this "
+                  "change, pass with it; pass before and after on the C++ path):", ""]
+        lines += [f"- `{t}`" for t in fix.triton_proof]
         lines += [""]
     if fix.guard:
         lines += ["Behaviour kept (pass before and after):", ""]

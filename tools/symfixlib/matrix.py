@@ -299,11 +299,12 @@ def judge(fix: Fix, role: str, outcomes: dict[str, str], upstream: str | None = 
         return Cell("–", [])  # nothing carried, no tests yet
     if role == "control" and fix.status != "in-base":
         return Cell("–", [])  # stock is the control of a carried fix
-    proof, guard = fix.proof, fix.guard
+    proof, guard = fix.proof, fix.guard + fix.triton_proof
     if role.endswith(TRITON):  # only the tests that go through Inductor or FlexAttention
         if not fix.triton_tests:
             return Cell("–", [])
-        proof, guard = [[t for t in ids if t in fix.triton] for ids in (proof, guard)]
+        proof, guard = [[t for t in ids if t in fix.triton] for ids in (fix.proof, fix.guard)]
+        proof += fix.triton_proof
         guard += fix.triton_guard
     problems = []
     for kind, ids in (("proof", proof), ("guard", guard)):
@@ -316,8 +317,8 @@ def judge(fix: Fix, role: str, outcomes: dict[str, str], upstream: str | None = 
             else:
                 why = f"{got}, expected {want.replace('ed', '')}"
             problems.append(f"{fix.id}: {role}: {kind} {tid}: {why}")
-    if fix.status not in ("in-base", "acceptance") and not fix.proof:  # a workload may be
-        # guards only, on a base that already runs it
+    # a workload may be guards only, on a base that already runs it
+    if fix.status not in ("in-base", "acceptance") and not (fix.proof or fix.triton_proof):
         problems.append(f"{fix.id}: has no proof test")
     proofs = {outcomes[t] for t in proof} or {outcomes[t] for t in guard}
     word = {frozenset({PASS}): "PASS", frozenset({FAIL}): "FAIL"}.get(frozenset(proofs), "MIXED")

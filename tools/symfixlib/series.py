@@ -63,6 +63,8 @@ class Fix:
     triton: tuple[str, ...] = ()  # of proof and guard: run again on Inductor's Triton path
     triton_guard: tuple[str, ...] = ()  # guards on the Triton path, whatever they are on the
     # C++ path (a proof there, say)
+    triton_proof: tuple[str, ...] = ()  # proofs on the Triton path only (a fix of Triton's own
+    # code): on the C++ path they are guards
     control: str | None = None
     released: str | None = None  # the first torch release that has the fix
     needs: tuple[str, ...] = ()  # acceptance: the fixes the workload depends on
@@ -71,11 +73,11 @@ class Fix:
 
     @property
     def tests(self) -> tuple[str, ...]:
-        return self.proof + self.guard
+        return self.proof + self.guard + self.triton_proof
 
     @property
     def triton_tests(self) -> tuple[str, ...]:
-        return self.triton + self.triton_guard
+        return self.triton + self.triton_guard + self.triton_proof
 
 
 @dataclass
@@ -238,13 +240,16 @@ def load(root: Path = ROOT, tag: str = DEFAULT_BASE) -> Series:
             raise SeriesError(f"manifest: {f.id}: control must be {control_path(f.id)}")
         if f.control and not (root / f.control).is_file():
             raise SeriesError(f"manifest: {f.id}: {f.control} does not exist")
-        for kind in ("proof", "guard", "triton", "triton_guard"):
+        for kind in ("proof", "guard", "triton", "triton_guard", "triton_proof"):
             if len(set(tests := getattr(f, kind))) != len(tests):
                 raise SeriesError(f"manifest: {f.id}: {kind} names a test twice")
         if both := set(f.triton_guard) & set(f.triton):
             raise SeriesError(f"manifest: {f.id}: tests in both triton and triton_guard: "
                               f"{sorted(both)}")
-        if stray := set(f.triton) - set(f.tests):
+        if both := set(f.triton_proof) & {*f.proof, *f.guard, *f.triton_guard}:
+            raise SeriesError(f"manifest: {f.id}: triton_proof tests are its only ones: "
+                              f"{sorted(both)}")
+        if stray := set(f.triton) - {*f.proof, *f.guard}:
             raise SeriesError(f"manifest: {f.id}: triton lists tests that are not its proofs "
                               f"or guards: {sorted(stray)}")
         if f.patch and f.patch not in names:
