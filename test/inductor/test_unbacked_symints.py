@@ -1943,6 +1943,61 @@ class TestAdaptiveMaxPoolKeptSizesUnbacked(_ReplayTestCase):
         self.assertNotIn("aten.arange.default", targets)
 
 
+class TestFractionalMaxPoolUnbacked(_ReplayTestCase):
+    """fractional_max_pool2d/3d over unbacked sizes: an output ratio made int[] output sizes of
+    them (TruncToInt(0.5*ToFloat(u1)) specialized), and the C++ metas of fractional_max_pool3d
+    and of both backwards read the sizes as ints (u0). Traced, the same windows from the same
+    samples, each picked as ATen's kernel picks (ties, a NaN)."""
+
+    @staticmethod
+    def pools(x, z, c2, c3):
+        s2, s3 = c2.to(x.dtype) / 997, c3.to(z.dtype) / 997
+        return (F.fractional_max_pool2d(x, 2, output_ratio=(0.5, 0.7), return_indices=True,
+                                        _random_samples=s2),
+                F.fractional_max_pool2d(x, (3, 2), output_size=(2, 3), _random_samples=s2),
+                F.fractional_max_pool3d(z, 2, output_ratio=(0.6, 0.5, 0.5), return_indices=True,
+                                        _random_samples=s3),
+                F.fractional_max_pool3d(z[0], (1, 2, 2), output_size=(2, 2, 1),
+                                        _random_samples=s3[:1]))
+
+    @staticmethod
+    def make(n):
+        x = torch.randint(0, 3, (2, 3, n + 4, n + 5)).float()
+        x[0, 0, 0, 0] = float("nan")
+        return [x, torch.randn(2, 2, n + 3, n + 4, 5), torch.randint(0, 997, (2, 3, 2)),
+                torch.randint(0, 997, (2, 2, 3))]
+
+    def test_modes_match_eager(self):
+        self.replay(self.pools, self.make, (4, 1, 7, 33), [(0, 2, 3), (0, 2, 3)],
+                    backends=("aot_eager",))
+        self.replay(self.pools, self.make, (4, 1), [(0, 2, 3), (0, 2, 3)],
+                    modes={"grad": MODES["grad"]}, backends=("inductor",))
+
+    def test_pool_too_large_refused_at_run_time(self):
+        def pool(x):
+            return F.fractional_max_pool2d(x, 3, output_ratio=(0.5, 0.5))
+
+        torch._dynamo.reset()
+        compiled = torch.compile(pool, backend="aot_eager", fullgraph=True)
+        x = torch.randn(2, 8, 8)
+        torch._dynamo.decorators.mark_unbacked(x, 1)
+        self.assertEqual(compiled(x).shape, pool(x).shape)
+        small = torch.randn(2, 2, 8)  # a window of 3 does not fit in 2
+        with self.assertRaises(RuntimeError):
+            pool(small)
+        torch._dynamo.decorators.mark_unbacked(small, 1)
+        with self.assertRaises((RuntimeError, AssertionError)):
+            compiled(small)
+
+    def test_known_sizes_run_atens_op(self):
+        # guard: without a symbolic size the traced ops are ATen's own
+        g = make_fx(self.pools)(*self.make(4))
+        targets = {str(n.target) for n in g.graph.nodes if n.op == "call_function"}
+        self.assertIn("aten.fractional_max_pool2d.default", targets)
+        self.assertIn("aten.fractional_max_pool3d.default", targets)
+        self.assertNotIn("aten.gather.default", targets)
+
+
 class TestRemoveNoOpsUnbackedBroadcast(_ReplayTestCase):
     """Inductor's joint-graph pass that drops an add of zeros or a multiply by ones compared the
     result's shape with the other operand's by ``!=``: where the zeros broadcast an unbacked
