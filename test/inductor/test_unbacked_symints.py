@@ -2025,11 +2025,12 @@ class TestTritonSizeHintsUnbacked(_ReplayTestCase):
 
     @staticmethod
     def kernels(x):
-        return x * 2 + 1, x.sum(-1), x.amax(1)
+        return x * 2 + 1, x.sum(-1)
 
+    @torch._inductor.config.patch({"triton.autotune_pointwise": False})  # interpreted: slow
     def test_matches_eager(self):
-        self.replay(self.kernels, lambda n: [torch.randn(2, n, n + 1, 16)], (3, 1, 6),
-                    [(0, 1, 2)], modes={"grad": MODES["grad"]}, backends=("inductor",))
+        self.replay(self.kernels, lambda n: [torch.randn(2, n, n + 1, 16)], (3, 1),
+                    [(0, 1, 2)], modes={"no_grad": MODES["no_grad"]}, backends=("inductor",))
 
 
 class TestInterpolateAreaUnbacked(_ReplayTestCase):
