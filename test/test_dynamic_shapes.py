@@ -274,18 +274,22 @@ class TestForeignUnbackedTransfer(TestCase):
             self._trace_non_strict(outer, torch.tensor(5), torch.randn(3))
         self.assertEqual(cnt.frame_count, 0)
 
-    def test_raw_unbacked_symint_refused_outside_non_strict_tracing(self):
+    def test_raw_unbacked_symint_of_another_shape_env_compiles_strict(self):
+        # strict (fullgraph) Dynamo takes in another trace's unbacked SymInt as non-strict
+        # tracing does (pytorch#187547: it refused it); called again, its guards hold
+        from torch._dynamo.testing import CompileCounterWithBackend
+        from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-        compiled = torch.compile(
-            lambda n: torch.ones((n,)), backend="eager", fullgraph=True
-        )
-        n = ShapeEnv().create_unbacked_symint()
+        cnt = CompileCounterWithBackend("eager")
+        compiled = torch.compile(lambda n: torch.ones((n,)) * 2, backend=cnt, fullgraph=True)
+        env = ShapeEnv()
+        n = env.create_unbacked_symint()
         self.assertFalse(torch.compiler._is_non_strict_tracing())
-        with self.assertRaisesRegex(
-            torch._dynamo.exc.Unsupported, "Attempted to wrap unbacked SymInt"
-        ):
-            compiled(n)
+        with FakeTensorMode(shape_env=env):
+            for _ in range(2):
+                self.assertEqual(str(compiled(n).shape), "torch.Size([u0])")
+        self.assertEqual(cnt.frame_count, 1)
 
     def test_max_min_guards_still_evaluate_on_ints(self):
         # Guards over Max/Min of ordinary (backed) sizes keep their meaning on
