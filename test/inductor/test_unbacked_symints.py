@@ -1998,6 +1998,47 @@ class TestFractionalMaxPoolUnbacked(_ReplayTestCase):
         self.assertNotIn("aten.gather.default", targets)
 
 
+class TestInductorInputSizeRuntimeAsserts(TestCase):
+    """A step traced with make_fx and compiled by Inductor as it is (a graph trainer's flow):
+    the checks on a tensor input's unbacked size, a select's range and the user's
+    torch._check, were never emitted (Inductor emitted the asserts of a symbol where a node or
+    a SymInt input binds it, and no input of such a graph is a SymInt), so the compiled step
+    read past a row where eager raises. They are checked where the graph runs."""
+
+    @staticmethod
+    def step(x):
+        torch._check(x.size(0) >= 2)
+        return x[:, 5] * 2
+
+    def compiled(self):
+        from torch._inductor.compile_fx import compile_fx
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import StatelessSymbolicContext
+        from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+
+        shape_env = ShapeEnv()
+        fake_mode = FakeTensorMode(shape_env=shape_env)
+        context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.UNBACKED] * 2)
+        fake = fake_mode.from_tensor(torch.randn(4, 8), symbolic_context=context)
+        with fake_mode:
+            gm = make_fx(self.step)(fake)
+        insert_deferred_runtime_asserts(gm, shape_env, "step")
+        gm.recompile()
+        return compile_fx(gm, [fake])
+
+    def test_checks_on_input_sizes_hold_where_the_graph_runs(self):
+        compiled = self.compiled()
+        for size in ((4, 8), (2, 6), (9, 13)):
+            x = torch.randn(size)
+            self.assertEqual(compiled(x), self.step(x), msg=str(size))
+        for size in ((4, 5), (3, 1), (1, 8)):  # eager raises: a row too short, one row
+            x = torch.randn(size)
+            with self.assertRaises((IndexError, RuntimeError)):
+                self.step(x)
+            with self.assertRaises((RuntimeError, AssertionError), msg=str(size)):
+                compiled(x)
+
+
 class TestRemoveNoOpsUnbackedBroadcast(_ReplayTestCase):
     """Inductor's joint-graph pass that drops an add of zeros or a multiply by ones compared the
     result's shape with the other operand's by ``!=``: where the zeros broadcast an unbacked

@@ -186,6 +186,32 @@ class TestAuditReplay(TestCase):
                       "7 size(s)", proc.stdout)
         self.assertIn("28 replay(s)", proc.stdout)
 
+    def test_inductor_difference_and_its_fix(self):
+        # stock 2.13.0, the capture (with 0003, which it needs) compiled by Inductor: where a
+        # row is 5 wide or less eager raises IndexError and Inductor's code reads past it; the
+        # captured graph raises as eager does, so no node of it is named; bisecting finds 0093
+        proc = symfix("audit", "--replay", "--inductor", "--modes", "plain", "--python",
+                      str(stock_python()), "--repro-dir", str(ROOT / ".symfix" / "audit-test"),
+                      f"{REPLAY}:select_inductor_target")
+        out = proc.stdout
+        self.assertEqual(proc.returncode, 1, out + proc.stderr)
+        self.assertIn("[1] accepted: the graph runs; eager raises IndexError: index 5 is out of "
+                      "bounds for dimension 1 with size 1", out)
+        self.assertIn("at      u0=1 plain (and 2 more: u0=2 plain, u0=3 plain)", out)
+        self.assertIn("node    –", out)
+        self.assertIn("remedy  symfix fix inductor-input-size-runtime-asserts", out)
+        self.assertIn("6 replay(s) of the captured graph compiled by Inductor", out)
+        self.assertNotIn("[2]", out)
+
+    def test_patched_clean_compiled(self):
+        # the in-wheel engine on the patched build: Inductor's code checks the row's width
+        proc = subprocess.run([str(PATCHED), "-m", "torch._symfix", "audit", "--replay",
+                               "--inductor", "--modes", "plain,no_grad",
+                               f"{REPLAY}:select_inductor_target"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("12 replay(s) of the captured graph compiled by Inductor", proc.stdout)
+
     def test_clean_step_every_mode(self):
         # embedding, linear, loss over unbacked batch and sequence: clean in all four modes
         proc = symfix("audit", "--replay", f"{REPLAY}:clean_target", timeout=600)

@@ -224,9 +224,9 @@ def fatal(result: dict) -> dict | None:
 class Search:
     """Tries fixes against one failure: captures again with each added to ``applied``."""
 
-    def __init__(self, series, overlay, python, target, applied, fail, say):
+    def __init__(self, series, overlay, python, target, applied, fail, say, extra=()):
         self.series, self.overlay, self.python, self.target = series, overlay, python, target
-        self.applied, self.fail, self.say = applied, fail, say
+        self.applied, self.fail, self.say, self.extra = applied, fail, say, list(extra)
         self.tried: list[Patch] = []
 
     def attempt(self, cand: Patch, how: str) -> dict | None:
@@ -243,18 +243,20 @@ class Search:
             return None
         self.say(f"        {self.fail['kind']} in {self.fail['torch_func']}: trying "
                  f"{self.series.fix_for(cand).id} ({cand.name[:4]}, {how})")
-        trial = run_engine(self.python, self.target, root)
+        trial = run_engine(self.python, self.target, root, extra=self.extra)
         if same(fatal(trial), self.fail):
             return None
         trial["_with"], trial["_how"] = deps + [cand], how
         return trial
 
 
-def next_fix(series, overlay, python, target, applied, have, fail, say) -> dict | None:
+def next_fix(series, overlay, python, target, applied, have, fail, say,
+             extra=()) -> dict | None:
     """The capture with the next fix that gets past ``fail`` added to ``applied`` (the fix in
-    its "_with"), or None: candidates by the failure's frames, else the rest of the series."""
+    its "_with"), or None: candidates by the failure's frames, else the rest of the series.
+    ``extra``: the engine's options (a replay's)."""
     done = have | {series.fix_for(p).id for p in applied}
-    search = Search(series, overlay, python, target, applied, fail, say)
+    search = Search(series, overlay, python, target, applied, fail, say, extra)
     for cand, how in candidates(series, fail, done):
         if trial := search.attempt(cand, how):
             return trial
@@ -263,7 +265,8 @@ def next_fix(series, overlay, python, target, applied, have, fail, say) -> dict 
     rest = [p for p in series.wheel_patches
             if p not in applied and series.fix_for(p).id not in done]
     root = overlay.make(applied + rest) if rest else None
-    if root is not None and not same(fatal(run_engine(python, target, root)), fail):
+    if root is not None and not same(fatal(run_engine(python, target, root, extra=extra)),
+                                     fail):
         for cand in nearest_first([p for p in rest if p not in search.tried], fail):
             if trial := search.attempt(cand, "no frame in its files; found by trying the "
                                              "series"):
@@ -376,7 +379,7 @@ def audit(series: Series, target: str, python: Path, repro_dir: Path, tests: boo
 
 
 def replay(series: Series, target: str, python: Path, repro_dir: Path, modes: list[str],
-           say=print) -> int:
+           say=print, inductor: bool = False) -> int:
     """`audit --replay`: the engine runs the captured graph at other sizes and in other modes
     against eager.  On a torch where the step does not trace, the fixes that make it trace
     (found as `audit` finds them) are applied first.  Each difference's remedy: the fix of the
@@ -385,7 +388,7 @@ def replay(series: Series, target: str, python: Path, repro_dir: Path, modes: li
     eng = engine()
     info = probe(python)
     say(f"audit   --replay {target} with {os.path.relpath(python)} (torch {info['version']})")
-    options = ["--replay", "--modes", ",".join(modes)]
+    options = ["--replay", "--modes", ",".join(modes), *(["--inductor"] if inductor else [])]
     result = run_engine(python, target, extra=options, progress=_progress)
     have = set(result["symfix"] or [])
     tmp = Path(tempfile.mkdtemp(prefix="symfix-audit-"))
@@ -394,7 +397,8 @@ def replay(series: Series, target: str, python: Path, repro_dir: Path, modes: li
         usable = overlay.pristine and info["version"].startswith(series.base["version"])
         applied: list[Patch] = []
         while usable and (fail := fatal(result)) is not None:
-            trial = next_fix(series, overlay, python, target, applied, have, fail, say)
+            trial = next_fix(series, overlay, python, target, applied, have, fail, say,
+                             options)
             if trial is None:
                 break
             applied += trial["_with"]
@@ -438,7 +442,8 @@ def _replay_remedy(eng, series, overlay, python, target, applied, rest, f, n, re
                    version, say) -> str:
     """Which fix removes replay difference ``f``: the shortest prefix of the rest of the
     series that removes it at its size and mode ends with it (bisection)."""
-    point = ["--replay", "--modes", f["mode"], "--only", f["only"]]
+    point = ["--replay", "--modes", f["mode"], "--only", f["only"],
+             *(["--inductor"] if f.get("inductor") else [])]
 
     def gone(patches: list[Patch], python=python) -> bool:
         root = overlay.make(applied + patches) if patches else None
@@ -481,8 +486,9 @@ def run(args) -> int:
         modes = eng.parse_modes(args.modes) if args.replay else None
     except eng.BadInput as e:
         raise BadTarget(str(e)) from None
-    if args.modes and not args.replay:
-        raise BadTarget("--modes: only with --replay")
+    for flag in ("modes", "inductor"):
+        if getattr(args, flag) and not args.replay:
+            raise BadTarget(f"--{flag}: only with --replay")
     python = Path(args.python) if args.python else default_python()
     if not python.exists():
         raise Refused(f"--python {python}: no such interpreter"
@@ -493,6 +499,7 @@ def run(args) -> int:
     # the series of the audited torch's release (its overlays patch that release's files)
     tag, _ = base_for(probe(python)["version"])
     if args.replay:
-        return replay(load(tag=tag), args.target, python, Path(args.repro_dir), modes)
+        return replay(load(tag=tag), args.target, python, Path(args.repro_dir), modes,
+                      inductor=args.inductor)
     return audit(load(tag=tag), args.target, python, Path(args.repro_dir),
                  tests=not args.no_tests)

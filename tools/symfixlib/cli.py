@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                     "sizes and in other modes against eager; differences and their fixes")
     au.add_argument("--modes", help="with --replay: autocast,no_grad,inference_mode,plain or "
                     "all (the default)")
+    au.add_argument("--inductor", action="store_true", help="with --replay: compile the "
+                    "captured graph with Inductor, as a trainer does, and replay that")
     tb = sub.add_parser("table", help="write the series table into README.md")
     tb.add_argument("--check", action="store_true", help="only check that it is current")
     args = p.parse_args(argv)

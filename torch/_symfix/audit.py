@@ -845,11 +845,22 @@ def _describe_node(n, why: str) -> str:
     return f"{n.name} ({target}): {why}"
 
 
+def inductor_compiled(gm, fake_args):
+    """``gm`` compiled by Inductor from the fake inputs it was traced with, as a graph trainer
+    compiles its captured step (compile_fx: AOTAutograd, then Inductor's C++ or Triton code)."""
+    from torch._inductor.compile_fx import compile_fx
+    from torch.utils._pytree import tree_leaves
+
+    return compile_fx(gm, tree_leaves(fake_args))
+
+
 def replay(fn, args, target_dir: str, modes: list[str], only: str | None = None,
-           say=lambda line: print(line, file=sys.stderr, flush=True)) -> dict:
+           say=lambda line: print(line, file=sys.stderr, flush=True),
+           inductor: bool = False) -> dict:
     """Capture ``fn(*args)`` once per mode, as a trainer captures its step in that mode, then
     run that one graph in the mode at the sizes the marks allow (one unbacked size, or
-    shape_id, at a time, the others at their hint), against eager at the same sizes."""
+    shape_id, at a time, the others at their hint), against eager at the same sizes.
+    ``inductor``: the graph run is the capture compiled by Inductor."""
     result = None
     found: dict = {}
     points = []
@@ -860,6 +871,16 @@ def replay(fn, args, target_dir: str, modes: list[str], only: str | None = None,
                 f["expr"] += "" if mode == "plain" else f" (captured under {mode})"
             return dict(captured, replay={"points": 0, "sizes": 0, "modes": modes})
         result = result or dict(captured, capture_findings=len(captured["findings"]))
+        run = gm
+        if inductor:
+            try:
+                with mode_context(mode):
+                    run = inductor_compiled(gm, fake_args)
+            except Exception as e:  # noqa: BLE001 - a compile that dies is the finding
+                f = failure_finding(e, target_dir)
+                f["expr"] += f" (compiling the captured graph with Inductor, {mode})"
+                return dict(result, traced=False, findings=[f],
+                            replay={"points": 0, "sizes": 0, "modes": modes, "inductor": True})
         if not points:
             groups = size_groups(args, fake_args)
             if only is not None:
@@ -868,7 +889,7 @@ def replay(fn, args, target_dir: str, modes: list[str], only: str | None = None,
             points = [(f"{g['name']}={n}", inputs_at(args, g, n))
                       for g in groups for n in g["sizes"]]
         for size, at_size in points:
-            diff = compare_at(fn, gm, at_size, mode)
+            diff = compare_at(fn, run, at_size, mode)
             where = f"{size} {mode}"
             say(f"replay  {where:<24} {diff['kind'] if diff else 'ok'}")
             if diff is None:
@@ -877,25 +898,30 @@ def replay(fn, args, target_dir: str, modes: list[str], only: str | None = None,
             if key in found:
                 found[key]["at"].append(where)
                 continue
-            node = first_node(fn, gm, at_size, mode)
+            # compiled: a captured graph that gives eager's result points at Inductor's code
+            in_inductor = run is not gm and compare_at(fn, gm, at_size, mode) is None
+            node = None if in_inductor else first_node(fn, gm, at_size, mode)
             found[key] = {"kind": diff["kind"], "expr": diff["expr"], "fatal": False,
-                          "layer": ("ShapeEnv (the trace's runtime asserts)"
+                          "layer": ("Inductor (its compiled code: the captured graph gives "
+                                    "eager's result here)" if in_inductor
+                                    else "ShapeEnv (the trace's runtime asserts)"
                                     if diff["kind"] in ("refused", "accepted")
                                     else "FakeTensor (a value the capture saw)"),
                           "torch": None, "torch_func": None, "torch_frames": [],
                           "user": node_user(node[0], target_dir) if node else None,
                           "node": _describe_node(*node) if node else None,
-                          "at": [where], "mode": mode, "only": size}
+                          "at": [where], "mode": mode, "only": size, "inductor": run is not gm}
     result["findings"] = list(found.values())
     result["replay"] = {"points": len(points) * len(modes), "sizes": len(points),
-                        "modes": modes}
+                        "modes": modes, "inductor": inductor}
     return result
 
 
 def replay_summary(result: dict) -> str:
     r = result["replay"]
     return (f"{r['sizes']} size(s) of the unbacked inputs, in {len(r['modes'])} mode(s) "
-            f"({', '.join(r['modes'])}): {r['points']} replay(s) of the captured graph")
+            f"({', '.join(r['modes'])}): {r['points']} replay(s) of the captured graph"
+            + (" compiled by Inductor" if r.get("inductor") else ""))
 
 
 REPLAY_REPRO = '''\
@@ -908,7 +934,7 @@ import sys
 sys.path.insert(0, {engine_dir!r})
 import audit  # noqa: E402  (symfix's torch/_symfix/audit.py)
 
-sys.exit(audit.main(["--replay", {spec!r}, "--modes", {mode!r}, "--only", {only!r}]))
+sys.exit(audit.main(["--replay", {spec!r}, "--modes", {mode!r}, "--only", {only!r}, *{extra!r}]))
 '''
 
 
@@ -921,7 +947,8 @@ def write_replay_repro(out_dir: str, n: int, f: dict, spec: str, version: str) -
             kind=f["kind"], where=f["at"][0], expr=f["expr"].replace('"""', "'''"),
             node=f["node"], user=f["user"], version=version, name=name,
             engine_dir=os.path.dirname(os.path.abspath(__file__)),
-            spec=os.path.abspath(path) + sep + func, mode=f["mode"], only=f["only"]))
+            spec=os.path.abspath(path) + sep + func, mode=f["mode"], only=f["only"],
+            extra=["--inductor"] if f.get("inductor") else []))
     return name
 
 
@@ -936,6 +963,8 @@ def main(argv: list[str] | None = None) -> int:
                    "sizes and in other modes, against eager")
     p.add_argument("--modes", help=f"with --replay: {','.join(MODES)} or all (the default)")
     p.add_argument("--only", metavar="SYM=SIZE", help="with --replay: that size alone")
+    p.add_argument("--inductor", action="store_true", help="with --replay: compile the "
+                   "captured graph with Inductor, as a trainer does, and replay that")
     args = p.parse_args(argv)
     try:
         modes = parse_modes(args.modes)
@@ -944,7 +973,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"symfix audit: {e}", file=sys.stderr)
         return 2
     if args.replay:
-        result = replay(fn, fargs, os.path.dirname(path), modes, args.only)
+        result = replay(fn, fargs, os.path.dirname(path), modes, args.only,
+                        inductor=args.inductor)
     else:
         result = capture(fn, fargs, os.path.dirname(path))
     if args.json:

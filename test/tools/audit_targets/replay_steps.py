@@ -26,6 +26,19 @@ def pad_channels_last_target():
     return step, (x,)
 
 
+def select_inductor_target():
+    """Column 5 of a batch of rows whose width is unbacked, compiled by Inductor: where a row
+    is 5 wide or less eager raises IndexError; on stock 2.13.0 Inductor's select reads past the
+    row, unchecked (symfix 0085 fake-select-data-dependent-index-bounds)."""
+    x = torch.randn(3, 8)
+    mark_unbacked(x, 1, hint_override=8, min=1)
+
+    def step(x):
+        return x[:, 5] * 2
+
+    return step, (x,)
+
+
 def clean_target():
     """Embedding, a linear layer, a loss over unbacked batch and sequence (weights that need
     grad): the same results as eager at every size and in every mode."""
