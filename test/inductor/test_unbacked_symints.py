@@ -2039,6 +2039,41 @@ class TestInductorInputSizeRuntimeAsserts(TestCase):
                 compiled(x)
 
 
+class TestEmbeddingPaddingIdxUnbacked(_ReplayTestCase):
+    """F.embedding with a padding_idx over an unbacked number of rows: its range check (2 <
+    u0, -1 >= -u0) guarded. It holds where the graph runs, with eager's AssertionError; a
+    negative index counts from the traced number of rows; the padding row gets no gradient."""
+
+    @staticmethod
+    def lookups(w, ids):
+        return F.embedding(ids, w, padding_idx=2), F.embedding(ids, w, padding_idx=-1)
+
+    @staticmethod
+    def make(n):
+        return [torch.randn(n + 3, 4), torch.randint(0, n + 3, (2, 5))]
+
+    def test_modes_match_eager(self):
+        self.replay(self.lookups, self.make, (4, 1, 7, 33), [(0,), ()], backends=("aot_eager",))
+        self.replay(self.lookups, self.make, (4, 1), [(0,), ()],
+                    modes={"grad": MODES["grad"]}, backends=("inductor",))
+
+    def test_padding_idx_out_of_range_refused_at_run_time(self):
+        def lookup(w, ids):
+            return F.embedding(ids, w, padding_idx=-4)
+
+        torch._dynamo.reset()
+        compiled = torch.compile(lookup, backend="aot_eager", fullgraph=True)
+        w, ids = torch.randn(6, 4), torch.tensor([0, 1])
+        torch._dynamo.decorators.mark_unbacked(w, 0)
+        self.assertEqual(compiled(w, ids), lookup(w, ids))
+        small = torch.randn(3, 4)
+        with self.assertRaisesRegex(AssertionError, "Padding_idx must be within"):
+            lookup(small, ids)
+        torch._dynamo.decorators.mark_unbacked(small, 0)
+        with self.assertRaises((AssertionError, RuntimeError)):
+            compiled(small, ids)
+
+
 class TestRemoveNoOpsUnbackedBroadcast(_ReplayTestCase):
     """Inductor's joint-graph pass that drops an add of zeros or a multiply by ones compared the
     result's shape with the other operand's by ``!=``: where the zeros broadcast an unbacked
