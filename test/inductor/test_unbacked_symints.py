@@ -1447,6 +1447,26 @@ class _ReplayTestCase(TestCase):
                                                  atol=1e-4, rtol=1e-4)
 
 
+    def assert_refused_at_run_time(self, fn, ok, bad, unbacked, error=RuntimeError,
+                                   message="", values=True):
+        """``fn`` compiled once (aot_eager, fullgraph), the dims ``unbacked[i]`` of argument
+        ``i`` marked unbacked: on ``ok`` eager's result (its shape where ``values`` is False:
+        fn draws random numbers); on ``bad`` eager raises ``error`` matching ``message``, and
+        the graph raises where it runs."""
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+        for args in (ok, bad):
+            for a, dims in zip(args, unbacked):
+                for d in dims:
+                    torch._dynamo.decorators.mark_unbacked(a, d)
+        got, ref = compiled(*ok), fn(*ok)
+        self.assertEqual(got if values else got.shape, ref if values else ref.shape)
+        with self.assertRaisesRegex(error, message):
+            fn(*bad)
+        with self.assertRaises((RuntimeError, AssertionError)):
+            compiled(*bad)
+
+
 class TestLossTargetSizeUnbacked(_ReplayTestCase):
     """Losses of an input and a target whose sizes are unbacked, each its own symbol: the
     target-size warning of mse/l1/huber/smooth_l1 guarded Eq(u1, u0), the size check of the
@@ -1919,20 +1939,9 @@ class TestAdaptiveMaxPoolKeptSizesUnbacked(_ReplayTestCase):
 
     def test_empty_kept_size_refused_at_run_time(self):
         # eager refuses an empty non-batch size; so does the graph when it runs
-        def pool(z):
-            return F.adaptive_max_pool3d(z, (None, 2, 2))
-
-        torch._dynamo.reset()
-        compiled = torch.compile(pool, backend="aot_eager", fullgraph=True)
-        z = torch.randn(2, 3, 4, 5)
-        torch._dynamo.decorators.mark_unbacked(z, 1)
-        self.assertEqual(compiled(z), pool(z))
-        empty = torch.randn(2, 0, 4, 5)
-        with self.assertRaises(RuntimeError):
-            pool(empty)
-        torch._dynamo.decorators.mark_unbacked(empty, 1)
-        with self.assertRaises((RuntimeError, AssertionError)):
-            compiled(empty)
+        self.assert_refused_at_run_time(lambda z: F.adaptive_max_pool3d(z, (None, 2, 2)),
+                                        [torch.randn(2, 3, 4, 5)], [torch.randn(2, 0, 4, 5)],
+                                        [(1,)])
 
     def test_known_sizes_run_atens_op(self):
         # guard: where no kept size is symbolic the traced op is ATen's own
@@ -1974,20 +1983,10 @@ class TestFractionalMaxPoolUnbacked(_ReplayTestCase):
                     modes={"grad": MODES["grad"]}, backends=("inductor",))
 
     def test_pool_too_large_refused_at_run_time(self):
-        def pool(x):
-            return F.fractional_max_pool2d(x, 3, output_ratio=(0.5, 0.5))
-
-        torch._dynamo.reset()
-        compiled = torch.compile(pool, backend="aot_eager", fullgraph=True)
-        x = torch.randn(2, 8, 8)
-        torch._dynamo.decorators.mark_unbacked(x, 1)
-        self.assertEqual(compiled(x).shape, pool(x).shape)
-        small = torch.randn(2, 2, 8)  # a window of 3 does not fit in 2
-        with self.assertRaises(RuntimeError):
-            pool(small)
-        torch._dynamo.decorators.mark_unbacked(small, 1)
-        with self.assertRaises((RuntimeError, AssertionError)):
-            compiled(small)
+        # a window of 3 does not fit in 2 rows
+        self.assert_refused_at_run_time(
+            lambda x: F.fractional_max_pool2d(x, 3, output_ratio=(0.5, 0.5)),
+            [torch.randn(2, 8, 8)], [torch.randn(2, 2, 8)], [(1,)], values=False)
 
     def test_known_sizes_run_atens_op(self):
         # guard: without a symbolic size the traced ops are ATen's own
@@ -2058,20 +2057,11 @@ class TestEmbeddingPaddingIdxUnbacked(_ReplayTestCase):
                     modes={"grad": MODES["grad"]}, backends=("inductor",))
 
     def test_padding_idx_out_of_range_refused_at_run_time(self):
-        def lookup(w, ids):
-            return F.embedding(ids, w, padding_idx=-4)
-
-        torch._dynamo.reset()
-        compiled = torch.compile(lookup, backend="aot_eager", fullgraph=True)
-        w, ids = torch.randn(6, 4), torch.tensor([0, 1])
-        torch._dynamo.decorators.mark_unbacked(w, 0)
-        self.assertEqual(compiled(w, ids), lookup(w, ids))
-        small = torch.randn(3, 4)
-        with self.assertRaisesRegex(AssertionError, "Padding_idx must be within"):
-            lookup(small, ids)
-        torch._dynamo.decorators.mark_unbacked(small, 0)
-        with self.assertRaises((AssertionError, RuntimeError)):
-            compiled(small, ids)
+        ids = torch.tensor([0, 1])
+        self.assert_refused_at_run_time(lambda w, ids: F.embedding(ids, w, padding_idx=-4),
+                                        [torch.randn(6, 4), ids], [torch.randn(3, 4), ids],
+                                        [(0,), ()], AssertionError,
+                                        "Padding_idx must be within")
 
 
 class TestRemoveNoOpsUnbackedBroadcast(_ReplayTestCase):
