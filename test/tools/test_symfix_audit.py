@@ -10,6 +10,7 @@ nested make_fx step needs); on the patched build each target must trace clean.
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from torch.testing._internal.common_utils import run_tests, TestCase
@@ -78,6 +79,22 @@ class TestAuditOnStock(TestCase):
         for block in out.split("\n[")[1:]:
             self.assertRegex(block, r"layer   \S")
             self.assertRegex(block, r"remedy  (symfix fix|fixed in torch|no known fix)")
+
+
+    def test_fix_written_over_earlier_patches_is_tried_with_them(self):
+        # 0079 changes lines 0048 wrote, and 0048 a file of other patches: tried with its
+        # context (capped pooling in ceil_mode needs it: the audit then names 0079)
+        from symfixlib import audit
+
+        s = series.load(tag="v2.13.0")
+        by_id = {s.fix_for(p).id: p for p in s.wheel_patches}
+        fix = by_id["pooling-ceil-mode-last-window-unbacked"]
+        context = audit.context_of(s, fix, [])
+        self.assertIn(by_id["meta-pooling-ceil-mode-unbacked"], context)
+        with tempfile.TemporaryDirectory() as tmp:
+            overlay = audit.Overlay(s, audit.probe(stock_python())["dir"], Path(tmp))
+            self.assertIsNone(overlay.make([fix]))
+            self.assertIsNotNone(overlay.make([*context, fix]))
 
 
 class TestAuditOnOtherBase(TestCase):
@@ -202,6 +219,33 @@ class TestAuditReplay(TestCase):
         self.assertIn("remedy  symfix fix inductor-input-size-runtime-asserts", out)
         self.assertIn("6 replay(s) of the captured graph compiled by Inductor", out)
         self.assertNotIn("[2]", out)
+
+    def test_inductor_differences_of_two_families(self):
+        # stock 2.13.0, one step with two silent differences of Inductor's code, each bisected
+        # to its own fix: the superdiagonal of an unbacked square is empty (0024), and a column
+        # chosen by ids.sum() is read past the table where eager raises IndexError (0085)
+        proc = symfix("audit", "--replay", "--inductor", "--modes", "plain", "--python",
+                      str(stock_python()), "--repro-dir", str(ROOT / ".symfix" / "audit-test"),
+                      f"{REPLAY}:diagonal_and_column_inductor_target")
+        out = proc.stdout
+        self.assertEqual(proc.returncode, 1, out + proc.stderr)
+        self.assertIn("[1] differs from eager: output 0 shape: (0,) where eager has (1,)\n"
+                      "    layer   Inductor\n    at      u0=2 plain", out)
+        self.assertIn("remedy  symfix fix inductor-diagonal-unbacked-length", out)
+        self.assertIn("[2] accepted: the graph runs; eager raises IndexError: select(): index 13 "
+                      "out of range for tensor of size [4, 10] at dimension 1\n"
+                      "    layer   FakeTensor\n    at      u2=13 plain (and 1 more: u2=25 plain)",
+                      out)
+        self.assertIn("remedy  symfix fix fake-select-data-dependent-index-bounds", out)
+        self.assertEqual(out.count("node    –"), 2, out)  # the captured graph is right
+        self.assertIn("2 problem(s) found", out)
+        # the patched build: both gone
+        proc = subprocess.run([str(PATCHED), "-m", "torch._symfix", "audit", "--replay",
+                               "--inductor", "--modes", "plain",
+                               f"{REPLAY}:diagonal_and_column_inductor_target"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("13 replay(s) of the captured graph compiled by Inductor", proc.stdout)
 
     def test_patched_clean_compiled(self):
         # the in-wheel engine on the patched build: Inductor's code checks the row's width

@@ -235,9 +235,7 @@ class Search:
         deps = []
         root = self.overlay.make(self.applied + [cand])
         if root is None:  # needs an earlier patch's context: try with those patches
-            deps = [p for p in self.series.wheel_patches[:self.series.wheel_patches.index(cand)]
-                    if p not in self.applied and {c.path for c in p.changes}
-                    & {c.path for c in cand.changes}]
+            deps = context_of(self.series, cand, self.applied)
             root = self.overlay.make(self.applied + deps + [cand])
         if root is None:
             return None
@@ -248,6 +246,19 @@ class Search:
             return None
         trial["_with"], trial["_how"] = deps + [cand], how
         return trial
+
+
+def context_of(series: Series, cand: Patch, applied: list[Patch]) -> list[Patch]:
+    """The earlier patches ``cand`` may need for its context: those before it (not in
+    ``applied``) that change one of its files, or a file of one of them, and so on (0079 over
+    0048's lines, 0048 over 0046's in another file)."""
+    before = [p for p in series.wheel_patches[:series.wheel_patches.index(cand)]
+              if p not in applied]
+    files, deps = {c.path for c in cand.changes}, []
+    while grown := [p for p in before if p not in deps and files & {c.path for c in p.changes}]:
+        deps += grown
+        files |= {c.path for p in grown for c in p.changes}
+    return sorted(deps, key=series.wheel_patches.index)
 
 
 def next_fix(series, overlay, python, target, applied, have, fail, say,
@@ -396,16 +407,21 @@ def replay(series: Series, target: str, python: Path, repro_dir: Path, modes: li
         overlay = Overlay(series, info["dir"], tmp)
         usable = overlay.pristine and info["version"].startswith(series.base["version"])
         applied: list[Patch] = []
+        needed: list[Patch] = []  # the fixes found (applied adds the patches they apply on)
         while usable and (fail := fatal(result)) is not None:
             trial = next_fix(series, overlay, python, target, applied, have, fail, say,
                              options)
             if trial is None:
                 break
             applied += trial["_with"]
+            needed.append(trial["_with"][-1])
             result = trial
+        context = (f" (and the {len(applied) - len(needed)} earlier patches "
+                   f"{'it applies' if len(needed) == 1 else 'they apply'} on)"
+                   if len(applied) > len(needed) else "")
         if applied:
-            say(f"        the capture needs {', '.join(_ids(series, applied))}: replaying with "
-                f"{'it' if len(applied) == 1 else 'them'} applied")
+            say(f"        the capture needs {', '.join(_ids(series, needed))}{context}: "
+                f"replaying with {'it' if len(applied) == 1 else 'them'} applied")
             result = run_engine(python, target, overlay.make(applied), extra=options,
                                 progress=_progress)
         print()
@@ -423,7 +439,8 @@ def replay(series: Series, target: str, python: Path, repro_dir: Path, modes: li
             remedies.append(_replay_remedy(eng, series, overlay, python, target, applied, rest,
                                            f, n, repro_dir, info["version"], say))
         if applied:
-            print(f"with {', '.join(_ids(series, applied))} applied (the capture needs them):")
+            print(f"with {', '.join(_ids(series, needed))}{context} applied (the capture "
+                  f"needs {'it' if len(applied) == 1 else 'them'}):")
         print(eng.report(result, remedies, ""))
         return 1 if result["findings"] else 0
     finally:

@@ -28,8 +28,9 @@ def pad_channels_last_target():
 
 def select_inductor_target():
     """Column 5 of a batch of rows whose width is unbacked, compiled by Inductor: where a row
-    is 5 wide or less eager raises IndexError; on stock 2.13.0 Inductor's select reads past the
-    row, unchecked (symfix 0085 fake-select-data-dependent-index-bounds)."""
+    is 5 wide or less eager raises IndexError; on stock 2.13.0 Inductor's code never runs the
+    select's range check (a runtime assert over the input's size) and reads past the row
+    (symfix 0093 inductor-input-size-runtime-asserts)."""
     x = torch.randn(3, 8)
     mark_unbacked(x, 1, hint_override=8, min=1)
 
@@ -52,3 +53,25 @@ def clean_target():
         return F.cross_entropy(logits.reshape(-1, V), tokens[1].reshape(-1))
 
     return step, (tokens, w)
+
+
+
+def diagonal_and_column_inductor_target():
+    """Two silent differences of stock 2.13.0's Inductor in one step, compiled as a graph
+    trainer compiles it: the diagonal above the main one of a square whose side is unbacked is
+    empty at every size (evaluate_min's GCD shortcut took its length for 0; symfix 0024
+    inductor-diagonal-unbacked-length), and column ``ids.sum()`` of a 10-column table, the ids a
+    batch of ones of unbacked length, is read past the row where eager raises IndexError
+    (symfix 0085 fake-select-data-dependent-index-bounds)."""
+    x = torch.randn(5, 5)
+    mark_unbacked(x, 0, hint_override=5, shape_id="side")
+    mark_unbacked(x, 1, hint_override=5, shape_id="side")
+    table = torch.randn(4, 10)
+    ids = torch.ones(3, dtype=torch.int64)
+    mark_unbacked(ids, 0, hint_override=3, min=1)
+
+    def step(x, table, ids):
+        torch._check(x.size(0) == x.size(1))
+        return torch.diagonal(x, 1) * 2, torch.select(table, 1, ids.sum().item()) * 2
+
+    return step, (x, table, ids)
