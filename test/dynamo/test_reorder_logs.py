@@ -87,6 +87,13 @@ class TestReorderConstantWarnings(TestCase):
         self.assertEqual(out, step(torch.ones(3)))
         self.assertEqual(seen[:2], [(("outer",), {}), (("inner", "3 rows"), {"sep": "|"})])
 
+    def test_ignored_warnings_stay_ignored(self):
+        with torch._dynamo.config.patch(ignore_logging_functions={warnings.warn}):
+            compiled = torch.compile(self.step, backend="eager", fullgraph=True)
+            (got, got_w), ref = caught(compiled, torch.ones(2, 3)), self.step(torch.ones(2, 3))
+        self.assertEqual(got, ref)
+        self.assertEqual(got_w, [])
+
     def test_warning_of_a_tensor_still_breaks_the_graph(self):
         # its message would read a value computed in the graph: only an explicit registration
         # reorders it, as before
