@@ -80,7 +80,6 @@ class TestAuditOnStock(TestCase):
             self.assertRegex(block, r"layer   \S")
             self.assertRegex(block, r"remedy  (symfix fix|fixed in torch|no known fix)")
 
-
     def test_fix_written_over_earlier_patches_is_tried_with_them(self):
         # 0079 changes lines 0048 wrote, and 0048 a file of other patches: tried with its
         # context (capped pooling in ceil_mode needs it: the audit then names 0079)
