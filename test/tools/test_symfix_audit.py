@@ -260,7 +260,8 @@ class TestAuditReplay(TestCase):
         for args, expect in (
                 (["test/tools/audit_targets/nope.py"], "no such file"),
                 ([f"{REPLAY}:missing"], "has no function missing"),
-                (["--modes", "autocast,fp8", f"{REPLAY}:clean_target"], "no mode 'fp8'")):
+                (["--modes", "autocast,fp8", f"{REPLAY}:clean_target"], "no mode 'fp8'"),
+                ([f"{REPLAY}:module_argument_target"], "argument 0 holds a Linear")):
             for cmd in ([sys.executable, str(ROOT / "tools" / "symfix.py"), "audit"],
                         [str(PATCHED), "-m", "torch._symfix", "audit"]):
                 with self.subTest(args=args, cmd=cmd[1]):

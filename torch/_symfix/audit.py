@@ -297,6 +297,22 @@ def load_target(spec: str):
     return got[0], tuple(got[1]), os.path.abspath(path)
 
 
+def refuse_stateful_arguments(args, spec: str) -> None:
+    """BadInput where an argument holds a module or an optimizer: make_fx traces their tensors
+    into the graph as constants, so no replay could run the graph on the copy eager runs with."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    for i, arg in enumerate(args):
+        for leaf in tree_leaves(arg):
+            if isinstance(leaf, torch.nn.Module | torch.optim.Optimizer):
+                raise BadInput(
+                    f"{spec}: argument {i} holds a {type(leaf).__name__}, whose tensors the "
+                    "capture takes as constants, so a replay cannot run the graph on the copy "
+                    "eager runs with: pass its parameters and state as tensors (e.g. "
+                    "torch.func.functional_call), as graph trainers do")
+
+
 def fakeify(fake_mode, t, name: str):
     """A fake tensor with the sizes ``mark_unbacked`` asked for (hint, shape_id, bounds)."""
     from torch._dynamo.source import LocalSource
@@ -969,6 +985,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         modes = parse_modes(args.modes)
         fn, fargs, path = load_target(args.target)
+        if args.replay:
+            refuse_stateful_arguments(fargs, args.target)
     except BadInput as e:
         print(f"symfix audit: {e}", file=sys.stderr)
         return 2

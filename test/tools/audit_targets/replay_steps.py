@@ -69,3 +69,12 @@ def diagonal_inductor_target():
         return torch.diagonal(x, 1) * 2
 
     return step, (x,)
+
+
+def module_argument_target():
+    """A step that takes its model as an argument: refused by --replay (its parameters would be
+    constants of the graph); pass them as tensors instead."""
+    model = torch.nn.Linear(D, V)
+    x = torch.randn(B, D)
+    mark_unbacked(x, 0, hint_override=B, min=1)
+    return (lambda model, x: model(x).sum()), (model, x)
