@@ -1446,7 +1446,6 @@ class _ReplayTestCase(TestCase):
                                 self.assertEqual(c.grad, a.grad, msg=f"{msg} grad",
                                                  atol=1e-4, rtol=1e-4)
 
-
     def assert_refused_at_run_time(self, fn, ok, bad, unbacked, error=RuntimeError,
                                    message="", values=True):
         """``fn`` compiled once (aot_eager, fullgraph), the dims ``unbacked[i]`` of argument

@@ -167,15 +167,29 @@ class TestAuditReplay(TestCase):
     """`audit --replay`: the captured graph run at other sizes and in other modes against
     eager (audit_targets/replay_steps.py)."""
 
+    def stock_replay(self, target, *options):
+        """`symfix.py audit --replay` of ``target`` on stock 2.13.0, which finds something
+        (exit 1): the finished process (its report on stdout, progress on stderr)."""
+        proc = symfix("audit", "--replay", *options, "--python", str(stock_python()),
+                      "--repro-dir", str(ROOT / ".symfix" / "audit-test"), f"{REPLAY}:{target}")
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+        return proc
+
+    def patched_replay(self, target, *options):
+        """The in-wheel engine's --replay of ``target`` on the patched build, clean (exit 0):
+        its report."""
+        proc = subprocess.run([str(PATCHED), "-m", "torch._symfix", "audit", "--replay",
+                               *options, f"{REPLAY}:{target}"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        return proc.stdout
+
     def test_stock_difference_and_its_fix(self):
         # stock 2.13.0: the capture needs 0003 and 0008 (applied on an overlay); the graph
         # then drops the step's .contiguous() (the padded fake looked contiguous): strides
         # differ at every batch but 0, from the mul on, found by bisecting the series: 0031
-        proc = symfix("audit", "--replay", "--modes", "plain,no_grad", "--python",
-                      str(stock_python()), "--repro-dir", str(ROOT / ".symfix" / "audit-test"),
-                      f"{REPLAY}:pad_channels_last_target")
+        proc = self.stock_replay("pad_channels_last_target", "--modes", "plain,no_grad")
         out = proc.stdout
-        self.assertEqual(proc.returncode, 1, out + proc.stderr)
         self.assertIn("(torch 2.13.0", out)
         self.assertIn("the capture needs proxy-provenance, fake-constant-pad-nd-symbolic", out)
         self.assertIn("[1] differs from eager: output 0 strides: (84, 1, 21, 3) where eager has "
@@ -194,23 +208,16 @@ class TestAuditReplay(TestCase):
 
     def test_patched_clean(self):
         # the in-wheel engine on the patched build: the same step gives eager's results
-        proc = subprocess.run([str(PATCHED), "-m", "torch._symfix", "audit", "--replay",
-                               f"{REPLAY}:pad_channels_last_target"], cwd=ROOT,
-                              capture_output=True, text=True, timeout=600)
-        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        out = self.patched_replay("pad_channels_last_target")
         self.assertIn("clean: the graph gives eager's results at every size and mode checked: "
-                      "7 size(s)", proc.stdout)
-        self.assertIn("28 replay(s)", proc.stdout)
+                      "7 size(s)", out)
+        self.assertIn("28 replay(s)", out)
 
     def test_inductor_difference_and_its_fix(self):
         # stock 2.13.0, the capture (with 0003, which it needs) compiled by Inductor: where a
         # row is 5 wide or less eager raises IndexError and Inductor's code reads past it; the
         # captured graph raises as eager does, so no node of it is named; bisecting finds 0093
-        proc = symfix("audit", "--replay", "--inductor", "--modes", "plain", "--python",
-                      str(stock_python()), "--repro-dir", str(ROOT / ".symfix" / "audit-test"),
-                      f"{REPLAY}:select_inductor_target")
-        out = proc.stdout
-        self.assertEqual(proc.returncode, 1, out + proc.stderr)
+        out = self.stock_replay("select_inductor_target", "--inductor", "--modes", "plain").stdout
         self.assertIn("[1] accepted: the graph runs; eager raises IndexError: index 5 is out of "
                       "bounds for dimension 1 with size 1", out)
         self.assertIn("at      u0=1 plain (and 2 more: u0=2 plain, u0=3 plain)", out)
@@ -222,31 +229,20 @@ class TestAuditReplay(TestCase):
     def test_inductor_diagonal_difference_and_its_fix(self):
         # stock 2.13.0: the superdiagonal of an unbacked square is empty in Inductor's code at
         # every size, where the captured graph is right; bisected to 0024. Patched: clean
-        proc = symfix("audit", "--replay", "--inductor", "--modes", "plain", "--python",
-                      str(stock_python()), "--repro-dir", str(ROOT / ".symfix" / "audit-test"),
-                      f"{REPLAY}:diagonal_inductor_target")
-        out = proc.stdout
-        self.assertEqual(proc.returncode, 1, out + proc.stderr)
+        out = self.stock_replay("diagonal_inductor_target", "--inductor", "--modes",
+                                "plain").stdout
         self.assertIn("[1] differs from eager: output 0 shape: (0,) where eager has (1,)\n"
                       "    layer   Inductor\n    at      u0=2 plain", out)
         self.assertIn("node    –", out)  # the captured graph is right
         self.assertIn("remedy  symfix fix inductor-diagonal-unbacked-length", out)
         self.assertNotIn("[2]", out)
-        proc = subprocess.run([str(PATCHED), "-m", "torch._symfix", "audit", "--replay",
-                               "--inductor", "--modes", "plain",
-                               f"{REPLAY}:diagonal_inductor_target"], cwd=ROOT,
-                              capture_output=True, text=True, timeout=600)
-        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
-        self.assertIn("7 replay(s) of the captured graph compiled by Inductor", proc.stdout)
+        out = self.patched_replay("diagonal_inductor_target", "--inductor", "--modes", "plain")
+        self.assertIn("7 replay(s) of the captured graph compiled by Inductor", out)
 
     def test_patched_clean_compiled(self):
         # the in-wheel engine on the patched build: Inductor's code checks the row's width
-        proc = subprocess.run([str(PATCHED), "-m", "torch._symfix", "audit", "--replay",
-                               "--inductor", "--modes", "plain,no_grad",
-                               f"{REPLAY}:select_inductor_target"], cwd=ROOT,
-                              capture_output=True, text=True, timeout=600)
-        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
-        self.assertIn("12 replay(s) of the captured graph compiled by Inductor", proc.stdout)
+        out = self.patched_replay("select_inductor_target", "--inductor", "--modes", "plain,no_grad")
+        self.assertIn("12 replay(s) of the captured graph compiled by Inductor", out)
 
     def test_clean_step_every_mode(self):
         # embedding, linear, loss over unbacked batch and sequence: clean in all four modes
