@@ -218,7 +218,9 @@ def same(a: dict | None, b: dict | None) -> bool:
 
 
 def fatal(result: dict) -> dict | None:
-    return next((f for f in result["findings"] if f["fatal"]), None)
+    """The finding that stops the capture, where a fix of torch may remove it (not one whose
+    remedy is the step's own)."""
+    return next((f for f in result["findings"] if f["fatal"] and not f.get("remedy")), None)
 
 
 class Search:
@@ -286,7 +288,9 @@ def next_fix(series, overlay, python, target, applied, have, fail, say,
 
 
 def run_proofs(python: Path, fixes: list[Fix], overlay: Path | None, log: Path) -> dict:
-    return matrix.run_tests(python, [t for f in fixes for t in f.proof], log, overlay=overlay)
+    """The outcome of each proof test of ``fixes`` (test id -> passed, failed, ...)."""
+    return matrix.run_tests(python, [t for f in fixes for t in f.proof], log,
+                            overlay=overlay).outcomes
 
 
 def audit(series: Series, target: str, python: Path, repro_dir: Path, tests: bool = True,
@@ -327,7 +331,7 @@ def audit(series: Series, target: str, python: Path, repro_dir: Path, tests: boo
         final_root = overlay.make(applied) if applied else None
 
         # Findings no fix of the series removed: 2.15.0, or no known fix.
-        left = [f for f, _, p in found if p is None]
+        left = [f for f, _, p in found if p is None and not f.get("remedy")]
         upstream = None
         fixed_in = series.upstream.get("requirement", "").partition("==")[2]
         oracle = probe(ORACLE) if left and fixed_in and ORACLE.exists() else None
@@ -356,7 +360,9 @@ def audit(series: Series, target: str, python: Path, repro_dir: Path, tests: boo
         n_total = 0
         for n, (f, applied_then, patch) in enumerate(found, 1):
             n_total += 1
-            if patch is not None:
+            if f.get("remedy"):  # the step's own, no fix of torch's
+                text = f["remedy"]
+            elif patch is not None:
                 fix = series.fix_for(patch)
                 text = f"symfix fix {fix.id} ({patch.name}; {how_found[patch.name]})"
                 if fix.id in proofs:
@@ -368,7 +374,8 @@ def audit(series: Series, target: str, python: Path, repro_dir: Path, tests: boo
                     for g in upstream["findings"]):
                 text = f"fixed in torch {fixed_in} (no symfix fix; {fixed_in} traces the step)"
             else:
-                repro = eng.write_repro(str(repro_dir), n, f, target, info["version"])
+                repro = eng.write_repro(str(repro_dir), n, f, target, info["version"],
+                                        bool(result.get("state_inputs")))
                 why = "" if usable else " (the series cannot be tried on this torch)"
                 text = f"no known fix{why}; repro: {os.path.relpath(repro)}"
             if applied_then:
@@ -427,8 +434,8 @@ def replay(series: Series, target: str, python: Path, repro_dir: Path, modes: li
         print()
         if not result["traced"]:
             for n, f in enumerate(result["findings"], 1):
-                print(eng.format_finding(n, f, "the graph cannot be replayed: `symfix.py audit` "
-                                               "finds what the capture needs"))
+                print(eng.format_finding(n, f, f.get("remedy") or "the graph cannot be replayed: "
+                                         "`symfix.py audit` finds what the capture needs"))
             print(f"{len(result['findings'])} problem(s) found; the step does not trace, so "
                   "nothing was replayed.")
             return 1
@@ -460,6 +467,8 @@ def _replay_remedy(eng, series, overlay, python, target, applied, rest, f, n, re
                    version, say) -> str:
     """Which fix removes replay difference ``f``: the shortest prefix of the rest of the
     series that removes it at its size and mode ends with it (bisection)."""
+    if f.get("remedy"):  # the step's own, no fix of torch's
+        return f["remedy"]
     point = ["--replay", "--modes", f["mode"], "--only", f["only"],
              *(["--inductor"] if f.get("inductor") else [])]
 

@@ -255,6 +255,38 @@ def _raw_symint_findings(gm, target_dir: str) -> list[dict]:
     return out
 
 
+SUBCLASS_REMEDY = ("pass its local tensor (marked) and make the DTensor in the step "
+                   "(DTensor.from_local), and return .to_local(): a make_fx capture, as this "
+                   "audit makes, does not trace into a tensor subclass")
+
+
+def _subclass_findings(inputs, gm, target_dir: str) -> list[dict]:
+    """A tensor subclass (a DTensor) among the inputs, or a fake tensor the graph holds as a
+    constant (one the step made and returned, or computed from a subclass): make_fx traced the
+    subclass's own ops into constants of the capture, so the graph gives the traced values at
+    every size."""
+    from torch._subclasses.fake_tensor import is_fake
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    finding = {"fatal": True, "layer": "make_fx (a tensor subclass)", "torch": None,
+               "torch_func": None, "torch_frames": [], "user": None, "remedy": SUBCLASS_REMEDY}
+    for k, t in enumerate(inputs):
+        if is_traceable_wrapper_subclass(t):
+            inner = [getattr(t, a) for a in t.__tensor_flatten__()[0]]
+            marked = not getattr(t, "_dynamo_unbacked_indices", None) and any(
+                getattr(i, "_dynamo_unbacked_indices", None) for i in inner)
+            return [dict(finding, kind="tensor subclass input", expr=f"input {k} is a "
+                         f"{type(t).__name__}" + (" whose inner tensor alone is marked unbacked"
+                                                  if marked else ""))]
+    for n in gm.graph.find_nodes(op="get_attr") if gm is not None else ():
+        if is_fake(getattr(gm, n.target, None)):
+            user = next((node_user(u, target_dir) for u in n.users), None)
+            return [dict(finding, kind="fake constant in graph", user=user,
+                         expr=f"{n.target}: a tensor of the trace the graph returns or "
+                         "computes from, the same at every size")]
+    return []
+
+
 def node_user(n, target_dir: str) -> str | None:
     """The user's ``file:line`` that made graph node ``n`` (its innermost user frame)."""
     for line in reversed((n.meta.get("stack_trace") or "").splitlines()):
@@ -297,20 +329,110 @@ def load_target(spec: str):
     return got[0], tuple(got[1]), os.path.abspath(path)
 
 
-def refuse_stateful_arguments(args, spec: str) -> None:
-    """BadInput where an argument holds a module or an optimizer: make_fx traces their tensors
-    into the graph as constants, so no replay could run the graph on the copy eager runs with."""
+def _stateful(x) -> bool:
+    import torch
+
+    return isinstance(x, torch.nn.Module | torch.optim.Optimizer)
+
+
+def state_entries(obj) -> list[tuple[str, object, object]]:
+    """(name, value, param) for what a module or an optimizer holds that a step may change: a
+    module's parameters and buffers and the parameters' grads (``param``: whose grad it is;
+    None where there is none), an optimizer's parameters and its state (per parameter, as in
+    its state_dict)."""
+    import torch
+
+    if isinstance(obj, torch.nn.Module):
+        params = list(obj.named_parameters())
+        return ([(n, p, None) for n, p in params] + list(
+            (n, b, None) for n, b in obj.named_buffers())
+            + [(f"{n}.grad", p.grad, p) for n, p in params])
+    params = [p for group in obj.param_groups for p in group["params"]]
+    out = [(f"params[{k}]", p, None) for k, p in enumerate(params)]
+    out += [(f"params[{k}].grad", p.grad, p) for k, p in enumerate(params)]
+    for k, p in enumerate(params):
+        out += [(f"state[{k}].{key}", v, None) for key, v in sorted(obj.state.get(p, {}).items())]
+    return out
+
+
+def state_of(args) -> list[tuple[str, object, object]]:
+    """``state_entries`` of every module and optimizer in ``args``, the tensors only, each
+    tensor once (an optimizer's parameters are its module's), named by argument."""
     import torch
     from torch.utils._pytree import tree_leaves
 
+    seen, out = set(), []
     for i, arg in enumerate(args):
-        for leaf in tree_leaves(arg):
-            if isinstance(leaf, torch.nn.Module | torch.optim.Optimizer):
-                raise BadInput(
-                    f"{spec}: argument {i} holds a {type(leaf).__name__}, whose tensors the "
-                    "capture takes as constants, so a replay cannot run the graph on the copy "
-                    "eager runs with: pass its parameters and state as tensors (e.g. "
-                    "torch.func.functional_call), as graph trainers do")
+        for obj in filter(_stateful, tree_leaves(arg)):
+            for name, t, param in state_entries(obj):
+                if isinstance(t, torch.Tensor) and id(t) not in seen:
+                    seen.add(id(t))
+                    out.append((f"argument {i} ({type(obj).__name__}) {name}", t, param))
+    return out
+
+
+def with_state(args, new: list):
+    """``args`` with its modules and optimizers copied, their tensors (``state_of``) swapped
+    for ``new``, in order."""
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    old = state_of(args)
+    memo = {id(t): n for (_, t, param), n in zip(old, new, strict=True) if param is None}
+    leaves, spec = tree_flatten(args)
+    leaves = [copy.deepcopy(x, memo) if _stateful(x) else x for x in leaves]
+    for (_, _, param), n in zip(old, new, strict=True):
+        if param is not None:
+            memo[id(param)].grad = n
+    return tree_unflatten(leaves, spec)
+
+
+def lifted(fn, args):
+    """``fn(*args)`` as a function of tensors alone, as a graph trainer captures its step: the
+    tensors of its modules and optimizers (``state_of``) are inputs, then its tensor arguments;
+    ``(body, inputs)``.  A graph of ``body`` updates the state it is given in place."""
+    import torch
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    n_state = len(state_of(args))
+    leaves, spec = tree_flatten(args)
+    at = [k for k, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+
+    def body(*inputs):
+        new = list(leaves)
+        for k, t in zip(at, inputs[n_state:], strict=True):
+            new[k] = t
+        step_args = tree_unflatten(new, spec)
+        return fn(*(with_state(step_args, list(inputs[:n_state])) if n_state else step_args))
+
+    return body, graph_inputs(args)
+
+
+def graph_inputs(args) -> list:
+    """What a graph of ``lifted(fn, args)``'s body takes: the tensors of the step's modules
+    and optimizers, then its tensor arguments."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    return ([t for _, t, _ in state_of(args)]
+            + [x for x in tree_leaves(args) if isinstance(x, torch.Tensor)])
+
+
+def run_graph(run, args):
+    """``run`` (a graph of ``lifted(fn, args)``'s body, or a callable running one) on
+    ``args``, as ``fn`` runs on them: the state the graph updates is ``args``' own.  A leaf
+    that requires grad enters as a copy, written back after: the graph updates parameters in
+    place where the optimizer did under no_grad, which autograd refuses on a leaf."""
+    import torch
+
+    inputs = graph_inputs(args)
+    given = [t.clone() if t.requires_grad and t.is_leaf else t for t in inputs]
+    try:
+        return run(*given)
+    finally:
+        with torch.no_grad():
+            for t, g in zip(inputs, given, strict=True):
+                if g is not t:
+                    t.copy_(g)
 
 
 def fakeify(fake_mode, t, name: str):
@@ -347,17 +469,19 @@ def trace(fn, args, target_dir: str, stack_traces: bool = False, mode: str = "pl
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
-    from torch.utils._pytree import tree_map
+    from torch.utils._pytree import tree_leaves
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
-    counter = iter(range(1 << 30))
-    fake_args = tree_map(lambda a: fakeify(fake_mode, a, f"arg{next(counter)}")
-                         if isinstance(a, torch.Tensor) else a, args)
+    body, inputs = lifted(fn, args)
+    n_state = len(inputs) - sum(isinstance(a, torch.Tensor) for a in tree_leaves(args))
+    findings: list[dict] = _subclass_findings(inputs, None, target_dir)
+    fake_inputs = [] if findings else (
+        [fake_mode.from_tensor(t, static_shapes=True) for t in inputs[:n_state]]
+        + [fakeify(fake_mode, a, f"arg{k}") for k, a in enumerate(inputs[n_state:])])
     inputs = sorted(str(s) for s in fake_mode.shape_env.var_to_range if _is_unbacked(s))
     non_strict = getattr(torch.compiler, "_non_strict_tracing_context", contextlib.nullcontext)
     cfg = {k: True for k in ("force_compile_during_fx_trace",) if hasattr(torch._dynamo.config, k)}
     events: list = []
-    findings: list[dict] = []
     gm = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -366,8 +490,9 @@ def trace(fn, args, target_dir: str, stack_traces: bool = False, mode: str = "pl
                   fake_mode, tracing(TracingContext(fake_mode)),
                   torch.autograd.set_multithreading_enabled(False), non_strict()):
                 with _user_stack_traces(fn, target_dir, stack_traces), mode_context(mode):
-                    gm = make_fx(fn, record_module_stack=False,
-                                 record_stack_traces=stack_traces)(*fake_args)
+                    if not findings:  # a subclass input: nothing to trace
+                        gm = make_fx(body, record_module_stack=False,
+                                     record_stack_traces=stack_traces)(*fake_inputs)
         except Exception as e:  # noqa: BLE001 - recorded as a finding
             try:
                 findings.append(failure_finding(e, target_dir))
@@ -376,6 +501,9 @@ def trace(fn, args, target_dir: str, stack_traces: bool = False, mode: str = "pl
                                  "expr": f"{type(e).__name__}: {e}"[:200], "torch": None,
                                  "torch_func": None, "torch_frames": [], "user": None,
                                  "message": str(e)[-2000:]})
+    if gm is not None and (constants := _subclass_findings([], gm, target_dir)):
+        findings += constants
+        gm = None
     for ev in events:
         findings.append(_event_finding(ev["kind"], ev["expr"], ev["stack"], target_dir))
     findings += _guard_findings(fake_mode.shape_env, target_dir)
@@ -397,9 +525,10 @@ def trace(fn, args, target_dir: str, stack_traces: bool = False, mode: str = "pl
         "traced": gm is not None,
         "unbacked_inputs": inputs,
         "graph_nodes": len(gm.graph.nodes) if gm is not None else None,
+        "state_inputs": n_state,
         "runtime_asserts": asserts,
         "findings": _dedup(findings),
-    }, gm, fake_args
+    }, gm, fake_inputs
 
 
 @contextlib.contextmanager
@@ -539,11 +668,21 @@ print("traced: the problem is gone")
 '''
 
 
-def write_repro(out_dir: str, n: int, f: dict, spec: str, version: str) -> str:
-    path, _, func = spec.partition(":")
+def write_repro(out_dir: str, n: int, f: dict, spec: str, version: str,
+                stateful: bool = False) -> str:
+    """A script that shows finding ``f`` of the capture; ``stateful``: the step takes modules
+    or optimizers, which only the engine lifts (``lifted``), so the script runs the engine."""
+    path, sep, func = spec.partition(":")
     os.makedirs(out_dir, exist_ok=True)
     name = os.path.join(out_dir, f"repro-{n}.py")
     with open(name, "w") as fh:
+        if stateful:
+            fh.write(ENGINE_REPRO.format(
+                title=f"{f['kind']} ({f['layer']}) at {f['torch']}", expr=f["expr"].replace(
+                    '"""', "'''"), where=f"yours: {f['user']}", version=version,
+                name=name, engine_dir=os.path.dirname(os.path.abspath(__file__)),
+                argv=[os.path.abspath(path) + sep + func]))
+            return name
         fh.write(REPRO.format(kind=f["kind"], layer=f["layer"], torch=f["torch"], user=f["user"],
                               expr=f["expr"].replace('"""', "'''"), version=version, name=name,
                               path=os.path.abspath(path),
@@ -606,16 +745,18 @@ def replay_sizes(lo: int, hi: int | None, hint: int) -> list[int]:
     return sorted(n for n in sizes if n >= lo)
 
 
-def size_groups(args, fake_args) -> list[dict]:
+def size_groups(args, fake_inputs) -> list[dict]:
     """The unbacked sizes of the inputs: one group per symbol, or per shape_id (its sizes
     move together), with the marked dims it sets, its hint and its sizes to replay."""
     import torch
     from torch.utils._pytree import tree_leaves
 
     groups: dict = {}
-    for i, (t, f) in enumerate(zip(tree_leaves(args), tree_leaves(fake_args), strict=True)):
+    fakes = iter(fake_inputs[len(state_of(args)):])  # the step's state first (lifted)
+    for i, t in enumerate(tree_leaves(args)):
         if not isinstance(t, torch.Tensor):
             continue
+        f = next(fakes)
         bounds = getattr(t, "_dynamo_unbacked_bounds", {})
         for d in sorted(getattr(t, "_dynamo_unbacked_indices", ())):
             if not isinstance(f.shape[d], torch.SymInt):
@@ -675,21 +816,31 @@ def fresh(args):
                         if isinstance(t, torch.Tensor) else t, args)
 
 
-def snapshot(value) -> list:
-    """What is compared of a value: per leaf, a tensor's local value (a DTensor's placements
-    too), strides and requires_grad, or the leaf itself."""
+def _leaf(x):
+    """What is compared of a leaf: a tensor's local value (a DTensor's placements too), strides
+    and requires_grad; any other leaf itself."""
     import torch
+
+    if not isinstance(x, torch.Tensor):
+        return x
+    placements = getattr(x, "placements", None)
+    local = x.to_local() if placements is not None else x
+    return {"t": local.detach().clone(), "stride": local.stride(),
+            "requires_grad": x.requires_grad, "placements": placements}
+
+
+def snapshot(value) -> dict:
+    """``_leaf`` of every leaf of ``value`` by its place; a module's or an optimizer's state
+    (``state_entries``) in its stead."""
     from torch.utils._pytree import tree_leaves
 
-    out = []
-    for x in tree_leaves(value):
-        if not isinstance(x, torch.Tensor):
-            out.append(x)
-            continue
-        placements = getattr(x, "placements", None)
-        local = x.to_local() if placements is not None else x
-        out.append({"t": local.detach().clone(), "stride": local.stride(),
-                    "requires_grad": x.requires_grad, "placements": placements})
+    out = {}
+    for k, x in enumerate(tree_leaves(value)):
+        if _stateful(x):
+            out |= {f"{k} ({type(x).__name__}) {name}": _leaf(v)
+                    for name, v, _ in state_entries(x)}
+        else:
+            out[str(k)] = _leaf(x)
     return out
 
 
@@ -749,17 +900,20 @@ def leaf_difference(a, b, mode: str) -> tuple[str, str] | None:
 
 
 def _kind(x) -> str:
-    return "a tensor" if isinstance(x, dict) else type(x).__name__
+    return "a tensor" if isinstance(x, dict) else "None" if x is None else type(x).__name__
 
 
-def differences(got: list, want: list, mode: str, label: str) -> list[tuple[str, str]]:
-    """(what, how) for every leaf of two snapshots that differs, named ``label k``."""
-    if len(got) != len(want):
-        return [(f"{label}s", f"{len(got)} where eager has {len(want)}")]
+def differences(got: dict, want: dict, mode: str, label: str) -> list[tuple[str, str]]:
+    """(what, how) for every leaf of two snapshots that differs, named ``label`` and its
+    place."""
     out = []
-    for k, (a, b) in enumerate(zip(got, want, strict=True)):
-        if d := leaf_difference(a, b, mode):
-            out.append((f"{label} {k} {d[0]}", d[1]))
+    for name in [*want, *(n for n in got if n not in want)]:
+        if name not in got or name not in want:
+            what = (f"missing where eager has {_kind(want[name])}" if name not in got
+                    else f"{_kind(got[name])} where eager has nothing")
+            out.append((f"{label} {name}", what))
+        elif d := leaf_difference(got[name], want[name], mode):
+            out.append((f"{label} {name} {d[0]}", d[1]))
     return out
 
 
@@ -784,7 +938,7 @@ def compare_at(fn, gm, args, mode: str) -> dict | None:
     """The graph against eager on ``args`` in ``mode``: None when they agree, else the kind
     of difference and what differs."""
     want, eager_err = run_side(fn, fresh(args), mode)
-    got, graph_err = run_side(gm, fresh(args), mode)
+    got, graph_err = run_side(lambda *a: run_graph(gm, a), fresh(args), mode)
     if eager_err is not None and graph_err is not None:
         return None
     if graph_err is not None:
@@ -798,9 +952,18 @@ def compare_at(fn, gm, args, mode: str) -> dict | None:
              + differences(got[1], want[1], mode, "argument (after the step)"))
     if not diffs:
         return None
+    if all(w.startswith("argument") and h.startswith("missing") for w, h in diffs):
+        return {"kind": "state not kept", "what": tuple(w for w, _ in diffs),
+                "expr": f"{len(diffs)} tensor(s) the step creates are not kept, as "
+                f"{diffs[0][0]}", "remedy": STATE_NOT_KEPT}
     return {"kind": "differs from eager", "what": tuple(w for w, _ in diffs),
             "expr": "; ".join(f"{w}: {h}" for w, h in diffs[:3])
             + (f"; {len(diffs) - 3} more" if len(diffs) > 3 else "")}
+
+
+STATE_NOT_KEPT = ("create that state before the capture, as trainers do (one eager step, or "
+                  "the optimizer's state initialized): the graph computes what the step "
+                  "creates, but no input of the graph holds it")
 
 
 def _op_nodes(gm, args, mode: str):
@@ -809,7 +972,7 @@ def _op_nodes(gm, args, mode: str):
     import torch
     import torch.fx
 
-    skip = ("aten::sym_", "aten::_assert", "aten::_local_scalar_dense")
+    skip = ("aten::sym_", "aten::_assert", "aten::_local_scalar_dense", "profiler::")
     seen, failed = [], None
 
     class Recorder(torch.fx.Interpreter):
@@ -825,7 +988,7 @@ def _op_nodes(gm, args, mode: str):
 
     torch.manual_seed(0)
     with contextlib.suppress(Exception), mode_context(mode):
-        Recorder(gm).run(*args)
+        run_graph(Recorder(gm).run, args)
     return seen, failed
 
 
@@ -839,7 +1002,8 @@ def first_node(fn, gm, args, mode: str) -> tuple[object, str] | None:
     torch.manual_seed(0)
     try:
         with mode_context(mode):
-            real = make_fx(fn, tracing_mode="real", record_module_stack=False)(*fresh(args))
+            body, inputs = lifted(fn, fresh(args))
+            real = make_fx(body, tracing_mode="real", record_module_stack=False)(*inputs)
         ref, _ = _op_nodes(real, fresh(args), mode)
     except Exception:  # noqa: BLE001 - eager itself raises here: nothing to compare with
         ref = []
@@ -861,13 +1025,12 @@ def _describe_node(n, why: str) -> str:
     return f"{n.name} ({target}): {why}"
 
 
-def inductor_compiled(gm, fake_args):
+def inductor_compiled(gm, fake_inputs):
     """``gm`` compiled by Inductor from the fake inputs it was traced with, as a graph trainer
     compiles its captured step (compile_fx: AOTAutograd, then Inductor's C++ or Triton code)."""
     from torch._inductor.compile_fx import compile_fx
-    from torch.utils._pytree import tree_leaves
 
-    return compile_fx(gm, tree_leaves(fake_args))
+    return compile_fx(gm, list(fake_inputs))
 
 
 def replay(fn, args, target_dir: str, modes: list[str], only: str | None = None,
@@ -879,9 +1042,15 @@ def replay(fn, args, target_dir: str, modes: list[str], only: str | None = None,
     ``inductor``: the graph run is the capture compiled by Inductor."""
     result = None
     found: dict = {}
-    points = []
+    points, skipped = [], []
     for mode in modes:
-        captured, gm, fake_args = trace(fn, args, target_dir, stack_traces=True, mode=mode)
+        captured, gm, fake_inputs = trace(fn, args, target_dir, stack_traces=True, mode=mode)
+        if gm is None and mode != "plain" and run_side(fn, fresh(args), mode)[1] is not None:
+            say(f"replay  {mode}: eager raises in this mode too (a training step under "
+                "no_grad): not replayed")
+            skipped.append(mode)
+            result = result or dict(captured, findings=[], traced=True)
+            continue
         if gm is None:  # the capture failed: its findings say why
             for f in captured["findings"]:
                 f["expr"] += "" if mode == "plain" else f" (captured under {mode})"
@@ -891,14 +1060,14 @@ def replay(fn, args, target_dir: str, modes: list[str], only: str | None = None,
         if inductor:
             try:
                 with mode_context(mode):
-                    run = inductor_compiled(gm, fake_args)
+                    run = inductor_compiled(gm, fake_inputs)
             except Exception as e:  # noqa: BLE001 - a compile that dies is the finding
                 f = failure_finding(e, target_dir)
                 f["expr"] += f" (compiling the captured graph with Inductor, {mode})"
                 return dict(result, traced=False, findings=[f],
                             replay={"points": 0, "sizes": 0, "modes": modes, "inductor": True})
         if not points:
-            groups = size_groups(args, fake_args)
+            groups = size_groups(args, fake_inputs)
             if only is not None:
                 name, _, size = only.partition("=")
                 groups = [dict(g, sizes=[int(size)]) for g in groups if g["name"] == name]
@@ -916,20 +1085,28 @@ def replay(fn, args, target_dir: str, modes: list[str], only: str | None = None,
                 continue
             # compiled: a captured graph that gives eager's result points at Inductor's code
             in_inductor = run is not gm and compare_at(fn, gm, at_size, mode) is None
-            node = None if in_inductor else first_node(fn, gm, at_size, mode)
+            node = (None if in_inductor or diff["kind"] == "state not kept"
+                    else first_node(fn, gm, at_size, mode))
             found[key] = {"kind": diff["kind"], "expr": diff["expr"], "fatal": False,
                           "layer": ("Inductor (its compiled code: the captured graph gives "
                                     "eager's result here)" if in_inductor
                                     else "ShapeEnv (the trace's runtime asserts)"
                                     if diff["kind"] in ("refused", "accepted")
+                                    else "make_fx (state the step creates in Python)"
+                                    if diff["kind"] == "state not kept"
+                                    else "make_fx (a change of the step's state that the "
+                                    "graph does not make)" if node is None and all(
+                                        w.startswith("argument") for w in diff["what"])
                                     else "FakeTensor (a value the capture saw)"),
+                          "remedy": diff.get("remedy"),
                           "torch": None, "torch_func": None, "torch_frames": [],
                           "user": node_user(node[0], target_dir) if node else None,
                           "node": _describe_node(*node) if node else None,
                           "at": [where], "mode": mode, "only": size, "inductor": run is not gm}
     result["findings"] = list(found.values())
-    result["replay"] = {"points": len(points) * len(modes), "sizes": len(points),
-                        "modes": modes, "inductor": inductor}
+    replayed = [m for m in modes if m not in skipped]
+    result["replay"] = {"points": len(points) * len(replayed), "sizes": len(points),
+                        "modes": replayed, "skipped": skipped, "inductor": inductor}
     return result
 
 
@@ -937,20 +1114,22 @@ def replay_summary(result: dict) -> str:
     r = result["replay"]
     return (f"{r['sizes']} size(s) of the unbacked inputs, in {len(r['modes'])} mode(s) "
             f"({', '.join(r['modes'])}): {r['points']} replay(s) of the captured graph"
-            + (" compiled by Inductor" if r.get("inductor") else ""))
+            + (" compiled by Inductor" if r.get("inductor") else "")
+            + (f"; not in {', '.join(r['skipped'])}, where eager raises too"
+               if r.get("skipped") else ""))
 
 
-REPLAY_REPRO = '''\
-"""symfix audit --replay repro: {kind} at {where}: {expr}
+ENGINE_REPRO = '''\
+"""symfix audit repro: {title}: {expr}
 
-node: {node}; yours: {user}. Found with torch {version}. Run: python {name}
+{where}. Found with torch {version}. Run: python {name}
 """
 import sys
 
 sys.path.insert(0, {engine_dir!r})
 import audit  # noqa: E402  (symfix's torch/_symfix/audit.py)
 
-sys.exit(audit.main(["--replay", {spec!r}, "--modes", {mode!r}, "--only", {only!r}, *{extra!r}]))
+sys.exit(audit.main({argv!r}))
 '''
 
 
@@ -959,12 +1138,12 @@ def write_replay_repro(out_dir: str, n: int, f: dict, spec: str, version: str) -
     name = os.path.join(out_dir, f"replay-{n}.py")
     path, sep, func = spec.partition(":")
     with open(name, "w") as fh:
-        fh.write(REPLAY_REPRO.format(
-            kind=f["kind"], where=f["at"][0], expr=f["expr"].replace('"""', "'''"),
-            node=f["node"], user=f["user"], version=version, name=name,
-            engine_dir=os.path.dirname(os.path.abspath(__file__)),
-            spec=os.path.abspath(path) + sep + func, mode=f["mode"], only=f["only"],
-            extra=["--inductor"] if f.get("inductor") else []))
+        fh.write(ENGINE_REPRO.format(
+            title=f"--replay: {f['kind']} at {f['at'][0]}", expr=f["expr"].replace(
+                '"""', "'''"), where=f"node: {f['node']}; yours: {f['user']}",
+            version=version, name=name, engine_dir=os.path.dirname(os.path.abspath(__file__)),
+            argv=["--replay", os.path.abspath(path) + sep + func, "--modes", f["mode"],
+                  "--only", f["only"], *(["--inductor"] if f.get("inductor") else [])]))
     return name
 
 
@@ -985,8 +1164,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         modes = parse_modes(args.modes)
         fn, fargs, path = load_target(args.target)
-        if args.replay:
-            refuse_stateful_arguments(fargs, args.target)
     except BadInput as e:
         print(f"symfix audit: {e}", file=sys.stderr)
         return 2
@@ -1002,11 +1179,17 @@ def main(argv: list[str] | None = None) -> int:
     built = f"symfix build with {len(ids)} fixes" if ids is not None else "no symfix fixes"
     remedies = []
     for n, f in enumerate(result["findings"], 1):
+        if f.get("remedy"):  # the step's own, no fix of torch's
+            remedies.append(f["remedy"])
+            continue
         if args.only:  # a replay at one size: the repro is this command
             remedies.append(f"no known fix in this torch ({built})")
             continue
-        write = write_replay_repro if f.get("at") else write_repro
-        repro = write(args.repro_dir, n, f, args.target, result["torch_version"])
+        if f.get("at"):
+            repro = write_replay_repro(args.repro_dir, n, f, args.target, result["torch_version"])
+        else:
+            repro = write_repro(args.repro_dir, n, f, args.target, result["torch_version"],
+                                bool(result["state_inputs"]))
         remedies.append(f"no known fix in this torch ({built}); repro: {repro}")
     header = (f"audit {args.target} with torch {result['torch_version']} ({built}); unbacked "
               f"inputs: {', '.join(result['unbacked_inputs']) or '–'}\n")

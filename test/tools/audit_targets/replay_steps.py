@@ -71,10 +71,47 @@ def diagonal_inductor_target():
     return step, (x,)
 
 
-def module_argument_target():
-    """A step that takes its model as an argument: refused by --replay (its parameters would be
-    constants of the graph); pass them as tensors instead."""
+def training_step_target(warm: bool = True):
+    """A training step of a model and its optimizer (SGD with momentum), passed as arguments:
+    the padded channels-last batch of pad_channels_last_target feeds a linear layer; the step
+    returns the loss and the features.  On stock 2.13.0 the graph drops the .contiguous() and
+    its flatten raises where eager's runs (symfix 0031).  ``warm``: the optimizer's state
+    exists before the capture (one eager step), as a trainer makes it."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3 * 4 * 7, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(B, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+
+    def step(model, opt, x):
+        y = F.pad(x, (1, 1), value=0.5).contiguous() * 2
+        loss = model(y.flatten(1)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach(), y
+
+    if warm:
+        step(model, opt, x)
+    mark_unbacked(x, 0, hint_override=B)
+    return step, (model, opt, x)
+
+
+def cold_optimizer_target():
+    """training_step_target captured before the optimizer's first step: the momentum buffers
+    the step creates are values of the graph that no input holds, so a replay keeps none."""
+    return training_step_target(warm=False)
+
+
+def parameter_data_target():
+    """A step that replaces a parameter's .data: make_fx records no op for it, so the graph
+    leaves the parameter as it was where eager doubles it (the step's output too, but at
+    the empty batch)."""
     model = torch.nn.Linear(D, V)
     x = torch.randn(B, D)
     mark_unbacked(x, 0, hint_override=B, min=1)
-    return (lambda model, x: model(x).sum()), (model, x)
+
+    def step(model, x):
+        model.weight.data = model.weight.data * 2
+        return model(x).sum()
+
+    return step, (model, x)
