@@ -2,7 +2,8 @@
 """`symfix.py audit` and `python -m torch._symfix audit`: where a step breaks or specializes its
 unbacked sizes, and which symfix fix fixes it.
 
-The targets are in audit_targets/steps.py.  On stock 2.13.0 the flex training step must name the
+The targets are in audit_targets/: steps.py (captures), replay_steps.py and dtensor_steps.py
+(replays).  On stock 2.13.0 the flex training step must name the
 five fixes it needs (found by capturing again with each fix applied; its first is the one the
 nested make_fx step needs); on the patched build each target must trace clean.
 """
@@ -21,6 +22,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 from symfixlib import basewheel, envs, series  # noqa: E402
 
 STEPS = "test/tools/audit_targets/steps.py"
+REPLAY = "test/tools/audit_targets/replay_steps.py"
+DTENSOR = "test/tools/audit_targets/dtensor_steps.py"
 PATCHED = ROOT / ".venv" / "bin" / "python"
 
 
@@ -79,6 +82,18 @@ class TestAuditOnStock(TestCase):
         for block in out.split("\n[")[1:]:
             self.assertRegex(block, r"layer   \S")
             self.assertRegex(block, r"remedy  (symfix fix|fixed in torch|no known fix)")
+
+    def test_proof_tests_of_the_fixes_found(self):
+        # without --no-tests: the fix the capture needs is checked by its proof tests on the
+        # audited torch and with the fix; a DTensor the step returns is the step's own finding
+        proc = symfix("audit", "--python", str(stock_python()), "--repro-dir",
+                      str(ROOT / ".symfix" / "audit-test"), f"{DTENSOR}:dtensor_output_target")
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+        self.assertEqual(fixes_needed(proc.stdout), ["proxy-provenance"], proc.stdout)
+        self.assertIn("its proof tests: 6/6 fail on your torch, 6/6 pass with the fix",
+                      proc.stdout)
+        self.assertIn("[2] fake constant in graph", proc.stdout)
+        self.assertIn("remedy  pass its local tensor (marked)", proc.stdout)
 
     def test_fix_written_over_earlier_patches_is_tried_with_them(self):
         # 0079 changes lines 0048 wrote, and 0048 a file of other patches: tried with its
@@ -155,9 +170,6 @@ class TestAuditBadInput(TestCase):
         self.check(f"{STEPS}:not_a_pair", "must return (fn, args)")
 
 
-REPLAY = "test/tools/audit_targets/replay_steps.py"
-
-
 def line_of(path: str, text: str) -> int:
     return next(n for n, line in enumerate((ROOT / path).read_text().splitlines(), 1)
                 if text in line)
@@ -167,20 +179,20 @@ class TestAuditReplay(TestCase):
     """`audit --replay`: the captured graph run at other sizes and in other modes against
     eager (audit_targets/replay_steps.py)."""
 
-    def stock_replay(self, target, *options):
-        """`symfix.py audit --replay` of ``target`` on stock 2.13.0, which finds something
-        (exit 1): the finished process (its report on stdout, progress on stderr)."""
+    def stock_replay(self, target, *options, steps=REPLAY):
+        """`symfix.py audit --replay` of ``target`` of ``steps`` on stock 2.13.0, which finds
+        something (exit 1): the finished process (its report on stdout, progress on stderr)."""
         proc = symfix("audit", "--replay", *options, "--python", str(stock_python()),
-                      "--repro-dir", str(ROOT / ".symfix" / "audit-test"), f"{REPLAY}:{target}")
+                      "--repro-dir", str(ROOT / ".symfix" / "audit-test"), f"{steps}:{target}")
         self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
         return proc
 
-    def patched_replay(self, target, *options, found=False):
-        """The in-wheel engine's --replay of ``target`` on the patched build, clean (exit 0)
-        unless ``found`` (exit 1): its report."""
+    def patched_replay(self, target, *options, found=False, steps=REPLAY):
+        """The in-wheel engine's --replay of ``target`` of ``steps`` on the patched build,
+        clean (exit 0) unless ``found`` (exit 1): its report."""
         with tempfile.TemporaryDirectory() as repros:
             proc = subprocess.run([str(PATCHED), "-m", "torch._symfix", "audit", "--replay",
-                                   "--repro-dir", repros, *options, f"{REPLAY}:{target}"],
+                                   "--repro-dir", repros, *options, f"{steps}:{target}"],
                                   cwd=ROOT, capture_output=True, text=True, timeout=600)
         self.assertEqual(proc.returncode, int(found), proc.stdout + proc.stderr)
         return proc.stdout
@@ -280,6 +292,36 @@ class TestAuditReplay(TestCase):
         out = self.patched_replay("parameter_data_target", "--modes", "plain", found=True)
         self.assertIn("argument (after the step) 0 (Linear) weight values: differ", out)
         self.assertNotIn("[2]", out)
+
+    def test_dtensor_step_difference_and_its_fix(self):
+        # stock 2.13.0: a rank's batch made a DTensor (from_local, sharded on the batch); the
+        # capture needs 0003, then the graph refuses an empty local batch where eager runs
+        out = self.stock_replay("local_batch_target", "--modes", "plain", steps=DTENSOR).stdout
+        self.assertIn("the capture needs proxy-provenance:", out)
+        self.assertIn("[1] refused: the graph raises RuntimeError: Runtime assertion failed for "
+                      "expression u0 >= 1", out)
+        self.assertIn("at      u0=0 plain\n", out)
+        self.assertIn("remedy  symfix fix dtensor-shardable-unbacked-policy", out)
+        self.assertNotIn("[2]", out)
+
+    def test_dtensor_step_patched_clean(self):
+        out = self.patched_replay("local_batch_target", steps=DTENSOR)
+        self.assertIn("7 size(s) of the unbacked inputs, in 4 mode(s) (plain, autocast, "
+                      "no_grad, inference_mode): 28 replay(s)", out)
+
+    def test_tensor_subclass_is_reported_not_replayed(self):
+        # make_fx does not trace into a DTensor: one taken or returned by the step would be a
+        # constant of the graph; each says what to pass instead
+        for target, finding in (
+                ("local_tensor_marked_target", "[1] tensor subclass input: input 0 is a DTensor "
+                                               "whose inner tensor alone is marked unbacked"),
+                ("dtensor_output_target", "[1] fake constant in graph: _tensor_constant0")):
+            with self.subTest(target=target):
+                out = self.patched_replay(target, "--modes", "plain", found=True, steps=DTENSOR)
+                self.assertIn(finding, out)
+                self.assertIn("remedy  pass its local tensor (marked) and make the DTensor in "
+                              "the step (DTensor.from_local)", out)
+                self.assertIn("nothing was replayed", out)
 
     def test_clean_step_every_mode(self):
         # embedding, linear, loss over unbacked batch and sequence: clean in all four modes

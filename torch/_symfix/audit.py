@@ -417,22 +417,30 @@ def graph_inputs(args) -> list:
             + [x for x in tree_leaves(args) if isinstance(x, torch.Tensor)])
 
 
-def run_graph(run, args):
-    """``run`` (a graph of ``lifted(fn, args)``'s body, or a callable running one) on
-    ``args``, as ``fn`` runs on them: the state the graph updates is ``args``' own.  A leaf
-    that requires grad enters as a copy, written back after: the graph updates parameters in
-    place where the optimizer did under no_grad, which autograd refuses on a leaf."""
+def trains(gm, inputs) -> bool:
+    """Whether graph ``gm`` updates in place one of ``inputs`` that requires grad: a training
+    step's graph, which holds its backward and its optimizer's update as plain ops."""
+    import torch
+
+    if "symfix_written" not in gm.meta:  # the positions of the inputs it updates in place
+        at = {n: k for k, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
+        gm.meta["symfix_written"] = {
+            at[a] for n in gm.graph.nodes if isinstance(n.target, torch._ops.OpOverload)
+            for a, arg in zip(n.args, n.target._schema.arguments, strict=False)
+            if arg.alias_info is not None and arg.alias_info.is_write and a in at}
+    return any(inputs[k].requires_grad for k in gm.meta["symfix_written"])
+
+
+def run_graph(gm, args, run=None):
+    """Graph ``gm`` of ``lifted(fn, args)``'s body (or ``run``, which runs it) on ``args``, as
+    ``fn`` runs on them: the state the graph updates is ``args``' own.  A training step's graph
+    runs under no_grad, as a trainer runs it: eager's backward and optimizer ran their ops
+    without autograd, which the graph's own ops cannot say."""
     import torch
 
     inputs = graph_inputs(args)
-    given = [t.clone() if t.requires_grad and t.is_leaf else t for t in inputs]
-    try:
-        return run(*given)
-    finally:
-        with torch.no_grad():
-            for t, g in zip(inputs, given, strict=True):
-                if g is not t:
-                    t.copy_(g)
+    with torch.no_grad() if trains(gm, inputs) else contextlib.nullcontext():
+        return (run or gm)(*inputs)
 
 
 def fakeify(fake_mode, t, name: str):
@@ -934,11 +942,11 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"[:200]
 
 
-def compare_at(fn, gm, args, mode: str) -> dict | None:
-    """The graph against eager on ``args`` in ``mode``: None when they agree, else the kind
-    of difference and what differs."""
+def compare_at(fn, gm, args, mode: str, run=None) -> dict | None:
+    """Graph ``gm`` (run by ``run``, its compiled code, where given) against eager on ``args``
+    in ``mode``: None when they agree, else the kind of difference and what differs."""
     want, eager_err = run_side(fn, fresh(args), mode)
-    got, graph_err = run_side(lambda *a: run_graph(gm, a), fresh(args), mode)
+    got, graph_err = run_side(lambda *a: run_graph(gm, a, run), fresh(args), mode)
     if eager_err is not None and graph_err is not None:
         return None
     if graph_err is not None:
@@ -988,7 +996,7 @@ def _op_nodes(gm, args, mode: str):
 
     torch.manual_seed(0)
     with contextlib.suppress(Exception), mode_context(mode):
-        run_graph(Recorder(gm).run, args)
+        run_graph(gm, args, Recorder(gm).run)
     return seen, failed
 
 
@@ -1040,6 +1048,8 @@ def replay(fn, args, target_dir: str, modes: list[str], only: str | None = None,
     run that one graph in the mode at the sizes the marks allow (one unbacked size, or
     shape_id, at a time, the others at their hint), against eager at the same sizes.
     ``inductor``: the graph run is the capture compiled by Inductor."""
+    import torch
+
     result = None
     found: dict = {}
     points, skipped = [], []
@@ -1059,7 +1069,8 @@ def replay(fn, args, target_dir: str, modes: list[str], only: str | None = None,
         run = gm
         if inductor:
             try:
-                with mode_context(mode):
+                with mode_context(mode), (torch.no_grad() if trains(gm, fake_inputs)
+                                          else contextlib.nullcontext()):
                     run = inductor_compiled(gm, fake_inputs)
             except Exception as e:  # noqa: BLE001 - a compile that dies is the finding
                 f = failure_finding(e, target_dir)
@@ -1074,7 +1085,7 @@ def replay(fn, args, target_dir: str, modes: list[str], only: str | None = None,
             points = [(f"{g['name']}={n}", inputs_at(args, g, n))
                       for g in groups for n in g["sizes"]]
         for size, at_size in points:
-            diff = compare_at(fn, run, at_size, mode)
+            diff = compare_at(fn, gm, at_size, mode, run)
             where = f"{size} {mode}"
             say(f"replay  {where:<24} {diff['kind'] if diff else 'ok'}")
             if diff is None:
