@@ -292,6 +292,16 @@ class TestAuditReplay(TestCase):
         out = self.patched_replay("parameter_data_target", "--modes", "plain", found=True)
         self.assertIn("argument (after the step) 0 (Linear) weight values: differ", out)
         self.assertNotIn("[2]", out)
+        out = self.patched_replay("scheduler_target", "--modes", "plain", found=True)
+        self.assertIn("[1] differs from eager: argument (after the step) 1 (Adam) "
+                      "param_groups[0].lr value: 0.005 where eager has 0.0025", out)
+        self.assertNotIn("[2]", out)
+
+    def test_kept_grads_and_foreach_update(self):
+        # the grads the step accumulates into are inputs of the graph, updated in place, and
+        # each side starts from its own copy of them; Adam's foreach ops update lists of them
+        out = self.patched_replay("accumulation_target", "--modes", "plain")
+        self.assertIn("7 replay(s)", out)
 
     def test_dtensor_step_difference_and_its_fix(self):
         # stock 2.13.0: a rank's batch made a DTensor (from_local, sharded on the batch); the
@@ -335,7 +345,9 @@ class TestAuditReplay(TestCase):
         for args, expect in (
                 (["test/tools/audit_targets/nope.py"], "no such file"),
                 ([f"{REPLAY}:missing"], "has no function missing"),
-                (["--modes", "autocast,fp8", f"{REPLAY}:clean_target"], "no mode 'fp8'")):
+                (["--modes", "autocast,fp8", f"{REPLAY}:clean_target"], "no mode 'fp8'"),
+                ([f"{REPLAY}:trainer_object_target"], "argument 0 holds a Linear inside an "
+                                                      "object the audit does not look into")):
             for cmd in ([sys.executable, str(ROOT / "tools" / "symfix.py"), "audit"],
                         [str(PATCHED), "-m", "torch._symfix", "audit"]):
                 with self.subTest(args=args, cmd=cmd[1]):

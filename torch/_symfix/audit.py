@@ -338,9 +338,10 @@ def _stateful(x) -> bool:
 def state_entries(obj) -> list[tuple[str, object, object]]:
     """(name, value, param) for what a module or an optimizer holds that a step may change: a
     module's parameters and buffers and the parameters' grads (``param``: whose grad it is;
-    None where there is none), an optimizer's parameters and its state (per parameter, as in
-    its state_dict)."""
+    None where there is none), an optimizer's hyperparameters (lr, a float or a tensor),
+    parameters and state (per parameter, as in its state_dict)."""
     import torch
+    from torch.utils._pytree import tree_leaves
 
     if isinstance(obj, torch.nn.Module):
         params = list(obj.named_parameters())
@@ -348,10 +349,15 @@ def state_entries(obj) -> list[tuple[str, object, object]]:
             (n, b, None) for n, b in obj.named_buffers())
             + [(f"{n}.grad", p.grad, p) for n, p in params])
     params = [p for group in obj.param_groups for p in group["params"]]
-    out = [(f"params[{k}]", p, None) for k, p in enumerate(params)]
+    out = [(f"param_groups[{g}].{key}", v, None) for g, group in enumerate(obj.param_groups)
+           for key, v in sorted(group.items()) if key != "params"]
+    out += [(f"params[{k}]", p, None) for k, p in enumerate(params)]
     out += [(f"params[{k}].grad", p.grad, p) for k, p in enumerate(params)]
     for k, p in enumerate(params):
-        out += [(f"state[{k}].{key}", v, None) for key, v in sorted(obj.state.get(p, {}).items())]
+        for key, v in sorted(obj.state.get(p, {}).items()):
+            leaves = tree_leaves(v)  # a list of tensors (LBFGS's history): each its own
+            out += ([(f"state[{k}].{key}", v, None)] if len(leaves) == 1 and leaves[0] is v else
+                    [(f"state[{k}].{key}[{j}]", x, None) for j, x in enumerate(leaves)])
     return out
 
 
@@ -371,15 +377,48 @@ def state_of(args) -> list[tuple[str, object, object]]:
     return out
 
 
+def refuse_hidden_state(args, spec: str) -> None:
+    """BadInput where a module or an optimizer is reachable only through an object of the
+    arguments that is not a list, tuple or dict (a trainer object): the audit lifts the state
+    of those the arguments hold (a scheduler may hold an optimizer that is an argument)."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    leaves = tree_leaves(args)
+    lifted = {id(x) for x in leaves if _stateful(x)}
+    todo = [(x, i) for i, a in enumerate(args) for x in tree_leaves(a) if not _stateful(x)]
+    seen: set[int] = set()
+    while todo:
+        obj, i = todo.pop(0)
+        if id(obj) in seen or isinstance(obj, torch.Tensor | str | int | float | type):
+            continue
+        seen.add(id(obj))
+        if _stateful(obj):
+            if id(obj) not in lifted:
+                raise BadInput(f"{spec}: argument {i} holds a {type(obj).__name__} inside an "
+                               "object the audit does not look into: pass the modules and "
+                               "optimizers as arguments (or in lists, tuples or dicts)")
+            continue
+        kids = list(vars(obj).values()) if hasattr(obj, "__dict__") else []
+        kids += list(obj.values()) if isinstance(obj, dict) else (
+            list(obj) if isinstance(obj, list | tuple | set) else [])
+        todo += [(k, i) for k in kids]
+
+
 def with_state(args, new: list):
-    """``args`` with its modules and optimizers copied, their tensors (``state_of``) swapped
-    for ``new``, in order."""
+    """``args`` with what is not a tensor copied (modules, optimizers, a scheduler of an
+    optimizer: one copy), the tensors of its modules and optimizers (``state_of``) swapped for
+    ``new``, in order.  Inside a trace another tensor of theirs (an attribute that is not a
+    buffer) is copied as a real tensor: a constant of the graph."""
+    import torch
+    from torch.utils._python_dispatch import _disable_current_modes
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
     old = state_of(args)
     memo = {id(t): n for (_, t, param), n in zip(old, new, strict=True) if param is None}
     leaves, spec = tree_flatten(args)
-    leaves = [copy.deepcopy(x, memo) if _stateful(x) else x for x in leaves]
+    with _disable_current_modes():
+        leaves = [x if isinstance(x, torch.Tensor) else copy.deepcopy(x, memo) for x in leaves]
     for (_, _, param), n in zip(old, new, strict=True):
         if param is not None:
             memo[id(param)].grad = n
@@ -402,7 +441,7 @@ def lifted(fn, args):
         for k, t in zip(at, inputs[n_state:], strict=True):
             new[k] = t
         step_args = tree_unflatten(new, spec)
-        return fn(*(with_state(step_args, list(inputs[:n_state])) if n_state else step_args))
+        return fn(*with_state(step_args, list(inputs[:n_state])))
 
     return body, graph_inputs(args)
 
@@ -417,30 +456,37 @@ def graph_inputs(args) -> list:
             + [x for x in tree_leaves(args) if isinstance(x, torch.Tensor)])
 
 
-def trains(gm, inputs) -> bool:
-    """Whether graph ``gm`` updates in place one of ``inputs`` that requires grad: a training
-    step's graph, which holds its backward and its optimizer's update as plain ops."""
+def written(gm) -> set[int]:
+    """The positions of the inputs graph ``gm`` updates in place."""
     import torch
 
-    if "symfix_written" not in gm.meta:  # the positions of the inputs it updates in place
+    if "symfix_written" not in gm.meta:
         at = {n: k for k, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
         gm.meta["symfix_written"] = {
-            at[a] for n in gm.graph.nodes if isinstance(n.target, torch._ops.OpOverload)
+            at[x] for n in gm.graph.nodes if isinstance(n.target, torch._ops.OpOverload)
             for a, arg in zip(n.args, n.target._schema.arguments, strict=False)
-            if arg.alias_info is not None and arg.alias_info.is_write and a in at}
-    return any(inputs[k].requires_grad for k in gm.meta["symfix_written"])
+            if arg.alias_info is not None and arg.alias_info.is_write
+            for x in (a if isinstance(a, list | tuple) else [a]) if x in at}  # foreach: lists
+    return gm.meta["symfix_written"]
+
+
+def graph_given(gm, inputs) -> list:
+    """``inputs`` as graph ``gm`` takes them: one it updates in place that requires grad (a
+    parameter a training step's optimizer updates) detached, sharing its storage.  Eager's
+    optimizer updated it under no_grad, which the graph's ops do not say."""
+    return [t.detach() if k in written(gm) and t.requires_grad else t
+            for k, t in enumerate(inputs)]
+
+
+def trains(gm, inputs) -> bool:
+    """Whether graph ``gm`` updates a parameter in place (a training step's graph)."""
+    return any(inputs[k].requires_grad for k in written(gm))
 
 
 def run_graph(gm, args, run=None):
     """Graph ``gm`` of ``lifted(fn, args)``'s body (or ``run``, which runs it) on ``args``, as
-    ``fn`` runs on them: the state the graph updates is ``args``' own.  A training step's graph
-    runs under no_grad, as a trainer runs it: eager's backward and optimizer ran their ops
-    without autograd, which the graph's own ops cannot say."""
-    import torch
-
-    inputs = graph_inputs(args)
-    with torch.no_grad() if trains(gm, inputs) else contextlib.nullcontext():
-        return (run or gm)(*inputs)
+    ``fn`` runs on them: the state the graph updates is ``args``' own."""
+    return (run or gm)(*graph_given(gm, graph_inputs(args)))
 
 
 def fakeify(fake_mode, t, name: str):
@@ -477,15 +523,14 @@ def trace(fn, args, target_dir: str, stack_traces: bool = False, mode: str = "pl
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
-    from torch.utils._pytree import tree_leaves
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
-    body, inputs = lifted(fn, args)
-    n_state = len(inputs) - sum(isinstance(a, torch.Tensor) for a in tree_leaves(args))
-    findings: list[dict] = _subclass_findings(inputs, None, target_dir)
+    body, tensors = lifted(fn, args)
+    n_state = len(state_of(args))
+    findings: list[dict] = _subclass_findings(tensors, None, target_dir)
     fake_inputs = [] if findings else (
-        [fake_mode.from_tensor(t, static_shapes=True) for t in inputs[:n_state]]
-        + [fakeify(fake_mode, a, f"arg{k}") for k, a in enumerate(inputs[n_state:])])
+        [fake_mode.from_tensor(t, static_shapes=True) for t in tensors[:n_state]]
+        + [fakeify(fake_mode, a, f"arg{k}") for k, a in enumerate(tensors[n_state:])])
     inputs = sorted(str(s) for s in fake_mode.shape_env.var_to_range if _is_unbacked(s))
     non_strict = getattr(torch.compiler, "_non_strict_tracing_context", contextlib.nullcontext)
     cfg = {k: True for k in ("force_compile_during_fx_trace",) if hasattr(torch._dynamo.config, k)}
@@ -813,28 +858,35 @@ def inputs_at(args, group: dict, size: int):
 
 
 def fresh(args):
-    """A copy of the arguments for one side of a comparison (modules, optimizers, tensors)."""
+    """A copy of the arguments for one side of a comparison (modules, optimizers, tensors),
+    the parameters' grads too (a Parameter's deep copy has none)."""
     import torch
-    from torch.utils._pytree import tree_map
+    from torch.utils._pytree import tree_leaves
 
-    try:
-        return copy.deepcopy(args)
-    except Exception:  # noqa: BLE001 - a non-leaf tensor: copy the tensors only
-        return tree_map(lambda t: t.detach().clone().requires_grad_(t.requires_grad)
-                        if isinstance(t, torch.Tensor) else t, args)
+    memo = {id(t): t.detach().clone().requires_grad_(t.requires_grad)  # deepcopy refuses these
+            for t in tree_leaves(args) if isinstance(t, torch.Tensor) and not t.is_leaf}
+    new = copy.deepcopy(args, memo)
+    for _, grad, param in state_of(args):
+        if param is not None:
+            memo[id(param)].grad = grad.detach().clone()
+    return new
 
 
-def _leaf(x):
+def _leaf(x, state: bool = False):
     """What is compared of a leaf: a tensor's local value (a DTensor's placements too), strides
-    and requires_grad; any other leaf itself."""
+    and requires_grad (not of a module's or optimizer's ``state``: the graph's backward ops
+    run with autograd where eager's did not); a number, string or None itself; of another
+    object its type (each side has its own copy)."""
     import torch
 
     if not isinstance(x, torch.Tensor):
-        return x
+        plain = x is None or isinstance(x, bool | int | float | complex | str | tuple
+                                        | torch.dtype | torch.device)
+        return x if plain else f"<{type(x).__name__}>"
     placements = getattr(x, "placements", None)
     local = x.to_local() if placements is not None else x
     return {"t": local.detach().clone(), "stride": local.stride(),
-            "requires_grad": x.requires_grad, "placements": placements}
+            "requires_grad": None if state else x.requires_grad, "placements": placements}
 
 
 def snapshot(value) -> dict:
@@ -845,7 +897,7 @@ def snapshot(value) -> dict:
     out = {}
     for k, x in enumerate(tree_leaves(value)):
         if _stateful(x):
-            out |= {f"{k} ({type(x).__name__}) {name}": _leaf(v)
+            out |= {f"{k} ({type(x).__name__}) {name}": _leaf(v, state=True)
                     for name, v, _ in state_entries(x)}
         else:
             out[str(k)] = _leaf(x)
@@ -960,15 +1012,24 @@ def compare_at(fn, gm, args, mode: str, run=None) -> dict | None:
              + differences(got[1], want[1], mode, "argument (after the step)"))
     if not diffs:
         return None
-    if all(w.startswith("argument") and h.startswith("missing") for w, h in diffs):
+    if all(w.startswith("argument") and (h.startswith("missing")
+                                         or h == "None where eager has a tensor")
+           for w, h in diffs):
         return {"kind": "state not kept", "what": tuple(w for w, _ in diffs),
                 "expr": f"{len(diffs)} tensor(s) the step creates are not kept, as "
-                f"{diffs[0][0]}", "remedy": STATE_NOT_KEPT}
+                f"{diffs[0][0]}", "remedy": STATE_NOT_KEPT,
+                "layer": "make_fx (state the step creates in Python)"}
+    loss_only = trains(gm, graph_inputs(args)) and all(
+        w.startswith("output") and w.endswith("requires_grad") for w, _ in diffs)
     return {"kind": "differs from eager", "what": tuple(w for w, _ in diffs),
             "expr": "; ".join(f"{w}: {h}" for w, h in diffs[:3])
-            + (f"; {len(diffs) - 3} more" if len(diffs) > 3 else "")}
+            + (f"; {len(diffs) - 3} more" if len(diffs) > 3 else ""),
+            **({"remedy": RETURN_DETACHED, "layer": "make_fx (a training step's graph holds "
+                "its backward)"} if loss_only else {})}
 
 
+RETURN_DETACHED = ("return the loss detached (loss.detach()), as trainers do: the graph of a "
+                   "training step holds its backward, so nothing of it needs grad")
 STATE_NOT_KEPT = ("create that state before the capture, as trainers do (one eager step, or "
                   "the optimizer's state initialized): the graph computes what the step "
                   "creates, but no input of the graph holds it")
@@ -1048,8 +1109,6 @@ def replay(fn, args, target_dir: str, modes: list[str], only: str | None = None,
     run that one graph in the mode at the sizes the marks allow (one unbacked size, or
     shape_id, at a time, the others at their hint), against eager at the same sizes.
     ``inductor``: the graph run is the capture compiled by Inductor."""
-    import torch
-
     result = None
     found: dict = {}
     points, skipped = [], []
@@ -1069,9 +1128,8 @@ def replay(fn, args, target_dir: str, modes: list[str], only: str | None = None,
         run = gm
         if inductor:
             try:
-                with mode_context(mode), (torch.no_grad() if trains(gm, fake_inputs)
-                                          else contextlib.nullcontext()):
-                    run = inductor_compiled(gm, fake_inputs)
+                with mode_context(mode):
+                    run = inductor_compiled(gm, graph_given(gm, fake_inputs))
             except Exception as e:  # noqa: BLE001 - a compile that dies is the finding
                 f = failure_finding(e, target_dir)
                 f["expr"] += f" (compiling the captured graph with Inductor, {mode})"
@@ -1103,8 +1161,7 @@ def replay(fn, args, target_dir: str, modes: list[str], only: str | None = None,
                                     "eager's result here)" if in_inductor
                                     else "ShapeEnv (the trace's runtime asserts)"
                                     if diff["kind"] in ("refused", "accepted")
-                                    else "make_fx (state the step creates in Python)"
-                                    if diff["kind"] == "state not kept"
+                                    else diff["layer"] if "layer" in diff
                                     else "make_fx (a change of the step's state that the "
                                     "graph does not make)" if node is None and all(
                                         w.startswith("argument") for w in diff["what"])
@@ -1175,6 +1232,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         modes = parse_modes(args.modes)
         fn, fargs, path = load_target(args.target)
+        refuse_hidden_state(fargs, args.target)
     except BadInput as e:
         print(f"symfix audit: {e}", file=sys.stderr)
         return 2

@@ -115,3 +115,45 @@ def parameter_data_target():
         return model(x).sum()
 
     return step, (model, x)
+
+
+def _accumulating_step(model, opt, x, sched=None):
+    loss = model(x).square().mean()
+    loss.backward()  # no zero_grad: grads accumulate from step to step
+    opt.step()
+    if sched is not None:
+        sched.step()
+    return loss.detach()
+
+
+def accumulation_target(sched: bool = False):
+    """A training step that keeps its grads (no zero_grad) with Adam's foreach update (lists of
+    tensors updated in place), its state and grads made by one eager step first."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(D, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2, foreach=True)
+    x = torch.randn(B, D)
+    args = (model, opt, x, torch.optim.lr_scheduler.StepLR(opt, 1, 0.5)) if sched else (
+        model, opt, x)
+    _accumulating_step(*args)
+    mark_unbacked(x, 0, hint_override=B)
+    return _accumulating_step, args
+
+
+def scheduler_target():
+    """accumulation_target with a scheduler that halves the lr each step: the graph holds the
+    lr of its trace (a float), so its optimizer's lr stays where eager's halves."""
+    return accumulation_target(sched=True)
+
+
+def trainer_object_target():
+    """The model and optimizer as attributes of a trainer object: refused (the audit lifts the
+    state of the modules and optimizers the arguments hold)."""
+    class Trainer:
+        def __init__(self):
+            self.model = torch.nn.Linear(D, V)
+            self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+    x = torch.randn(B, D)
+    mark_unbacked(x, 0, hint_override=B)
+    return (lambda trainer, x: trainer.model(x).sum()), (Trainer(), x)
