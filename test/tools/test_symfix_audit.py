@@ -3,9 +3,9 @@
 unbacked sizes, and which symfix fix fixes it.
 
 The targets are in audit_targets/: steps.py (captures), replay_steps.py and dtensor_steps.py
-(replays).  On stock 2.13.0 the flex training step must name the
-five fixes it needs (found by capturing again with each fix applied; its first is the one the
-nested make_fx step needs); on the patched build each target must trace clean.
+(replays).  On stock 2.13.0 the flex training step must name the five fixes it needs (found by
+capturing again with each fix applied; its first is the one the nested make_fx step needs); on
+the patched build each target must trace clean.
 """
 
 import re
@@ -177,7 +177,7 @@ def line_of(path: str, text: str) -> int:
 
 class TestAuditReplay(TestCase):
     """`audit --replay`: the captured graph run at other sizes and in other modes against
-    eager (audit_targets/replay_steps.py)."""
+    eager (audit_targets/replay_steps.py and dtensor_steps.py)."""
 
     def stock_replay(self, target, *options, steps=REPLAY):
         """`symfix.py audit --replay` of ``target`` of ``steps`` on stock 2.13.0, which finds
@@ -197,6 +197,17 @@ class TestAuditReplay(TestCase):
         self.assertEqual(proc.returncode, int(found), proc.stdout + proc.stderr)
         return proc.stdout
 
+    def assert_dropped_contiguous(self, out, user_text):
+        """Stock 2.13.0's report of a step whose padded channels-last batch the capture took for
+        contiguous (it needs 0003 and 0008 to trace): from the mul on, at ``user_text``'s line,
+        removed by 0031 alone."""
+        self.assertIn("the capture needs proxy-provenance, fake-constant-pad-nd-symbolic", out)
+        self.assertIn("node    mul (aten.mul.Tensor): a trace at this size runs "
+                      "aten.clone.default here", out)
+        self.assertIn(f"yours   {REPLAY}:{line_of(REPLAY, user_text)}", out)
+        self.assertIn("remedy  symfix fix prims-channels-last-unbacked-batch", out)
+        self.assertNotIn("[2]", out)
+
     def test_stock_difference_and_its_fix(self):
         # stock 2.13.0: the capture needs 0003 and 0008 (applied on an overlay); the graph
         # then drops the step's .contiguous() (the padded fake looked contiguous): strides
@@ -204,17 +215,11 @@ class TestAuditReplay(TestCase):
         proc = self.stock_replay("pad_channels_last_target", "--modes", "plain,no_grad")
         out = proc.stdout
         self.assertIn("(torch 2.13.0", out)
-        self.assertIn("the capture needs proxy-provenance, fake-constant-pad-nd-symbolic", out)
         self.assertIn("[1] differs from eager: output 0 strides: (84, 1, 21, 3) where eager has "
                       "(84, 28, 7, 1)", out)
         self.assertIn("at      u0=1 plain (and 11 more", out)
-        self.assertIn("node    mul (aten.mul.Tensor): a trace at this size runs "
-                      "aten.clone.default here", out)
-        user = line_of(REPLAY, "return y.contiguous() * 2")
-        self.assertIn(f"yours   {REPLAY}:{user}", out)
-        self.assertIn("remedy  symfix fix prims-channels-last-unbacked-batch", out)
         self.assertIn("1 problem(s) found", out)
-        self.assertNotIn("[2]", out)
+        self.assert_dropped_contiguous(out, "return y.contiguous() * 2")
         # one progress line per size and mode, on stderr
         self.assertEqual(len(re.findall(r"^replay  u0=\d+ +(plain|no_grad) ", proc.stderr,
                                         re.M)), 14, proc.stderr)
@@ -261,18 +266,11 @@ class TestAuditReplay(TestCase):
         # stock 2.13.0: the step takes its model and optimizer; their parameters and momentum
         # buffers are inputs of the graph, which updates them.  The capture needs 0003 and
         # 0008; the graph then raises at the flatten of the features it took for contiguous
-        proc = self.stock_replay("training_step_target", "--modes", "plain")
-        out = proc.stdout
-        self.assertIn("the capture needs proxy-provenance, fake-constant-pad-nd-symbolic", out)
+        out = self.stock_replay("training_step_target", "--modes", "plain").stdout
         self.assertIn("[1] raised: the graph raises RuntimeError: view size is not compatible "
                       "with input tensor's size and stride", out)
         self.assertIn("at      u0=1 plain (and 5 more", out)
-        self.assertIn("node    mul (aten.mul.Tensor): a trace at this size runs "
-                      "aten.clone.default here", out)
-        user = line_of(REPLAY, "y = F.pad(x, (1, 1), value=0.5).contiguous() * 2")
-        self.assertIn(f"yours   {REPLAY}:{user}", out)
-        self.assertIn("remedy  symfix fix prims-channels-last-unbacked-batch", out)
-        self.assertNotIn("[2]", out)
+        self.assert_dropped_contiguous(out, "y = F.pad(x, (1, 1), value=0.5).contiguous() * 2")
 
     def test_training_step_patched_clean(self):
         # the parameters and momentum buffers after the step equal eager's at every size; a

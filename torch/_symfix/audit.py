@@ -260,28 +260,36 @@ SUBCLASS_REMEDY = ("pass its local tensor (marked) and make the DTensor in the s
                    "audit makes, does not trace into a tensor subclass")
 
 
-def _subclass_findings(inputs, gm, target_dir: str) -> list[dict]:
-    """A tensor subclass (a DTensor) among the inputs, or a fake tensor the graph holds as a
-    constant (one the step made and returned, or computed from a subclass): make_fx traced the
-    subclass's own ops into constants of the capture, so the graph gives the traced values at
-    every size."""
-    from torch._subclasses.fake_tensor import is_fake
+_SUBCLASS_FINDING = {"fatal": True, "layer": "make_fx (a tensor subclass)", "torch": None,
+                     "torch_func": None, "torch_frames": [], "user": None,
+                     "remedy": SUBCLASS_REMEDY}
+
+
+def _subclass_input_findings(inputs) -> list[dict]:
+    """A tensor subclass (a DTensor) among the inputs: make_fx would trace its own ops into
+    constants of the capture, so the graph would give the traced values at every size."""
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-    finding = {"fatal": True, "layer": "make_fx (a tensor subclass)", "torch": None,
-               "torch_func": None, "torch_frames": [], "user": None, "remedy": SUBCLASS_REMEDY}
     for k, t in enumerate(inputs):
         if is_traceable_wrapper_subclass(t):
             inner = [getattr(t, a) for a in t.__tensor_flatten__()[0]]
             marked = not getattr(t, "_dynamo_unbacked_indices", None) and any(
                 getattr(i, "_dynamo_unbacked_indices", None) for i in inner)
-            return [dict(finding, kind="tensor subclass input", expr=f"input {k} is a "
+            return [dict(_SUBCLASS_FINDING, kind="tensor subclass input", expr=f"input {k} is a "
                          f"{type(t).__name__}" + (" whose inner tensor alone is marked unbacked"
                                                   if marked else ""))]
-    for n in gm.graph.find_nodes(op="get_attr") if gm is not None else ():
+    return []
+
+
+def _fake_constant_findings(gm, target_dir: str) -> list[dict]:
+    """A fake tensor graph ``gm`` holds as a constant (a tensor subclass the step made and
+    returned, or one it computed from): the graph gives the traced value at every size."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    for n in gm.graph.find_nodes(op="get_attr"):
         if is_fake(getattr(gm, n.target, None)):
             user = next((node_user(u, target_dir) for u in n.users), None)
-            return [dict(finding, kind="fake constant in graph", user=user,
+            return [dict(_SUBCLASS_FINDING, kind="fake constant in graph", user=user,
                          expr=f"{n.target}: a tensor of the trace the graph returns or "
                          "computes from, the same at every size")]
     return []
@@ -384,9 +392,8 @@ def refuse_hidden_state(args, spec: str) -> None:
     import torch
     from torch.utils._pytree import tree_leaves
 
-    leaves = tree_leaves(args)
-    lifted = {id(x) for x in leaves if _stateful(x)}
-    todo = [(x, i) for i, a in enumerate(args) for x in tree_leaves(a) if not _stateful(x)]
+    todo = [(x, i) for i, a in enumerate(args) for x in tree_leaves(a)]
+    lifted = {id(x) for x, _ in todo if _stateful(x)}
     seen: set[int] = set()
     while todo:
         obj, i = todo.pop(0)
@@ -527,7 +534,7 @@ def trace(fn, args, target_dir: str, stack_traces: bool = False, mode: str = "pl
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     body, tensors = lifted(fn, args)
     n_state = len(state_of(args))
-    findings: list[dict] = _subclass_findings(tensors, None, target_dir)
+    findings: list[dict] = _subclass_input_findings(tensors)
     fake_inputs = [] if findings else (
         [fake_mode.from_tensor(t, static_shapes=True) for t in tensors[:n_state]]
         + [fakeify(fake_mode, a, f"arg{k}") for k, a in enumerate(tensors[n_state:])])
@@ -554,7 +561,7 @@ def trace(fn, args, target_dir: str, stack_traces: bool = False, mode: str = "pl
                                  "expr": f"{type(e).__name__}: {e}"[:200], "torch": None,
                                  "torch_func": None, "torch_frames": [], "user": None,
                                  "message": str(e)[-2000:]})
-    if gm is not None and (constants := _subclass_findings([], gm, target_dir)):
+    if gm is not None and (constants := _fake_constant_findings(gm, target_dir)):
         findings += constants
         gm = None
     for ev in events:
@@ -1102,6 +1109,19 @@ def inductor_compiled(gm, fake_inputs):
     return compile_fx(gm, list(fake_inputs))
 
 
+def _replay_layer(diff: dict, node, in_inductor: bool) -> str:
+    """The PT2 layer a replay's difference ``diff`` comes from, ``node`` its first node."""
+    if in_inductor:
+        return "Inductor (its compiled code: the captured graph gives eager's result here)"
+    if diff["kind"] in ("refused", "accepted"):
+        return "ShapeEnv (the trace's runtime asserts)"
+    if "layer" in diff:
+        return diff["layer"]
+    if node is None and all(w.startswith("argument") for w in diff["what"]):
+        return "make_fx (a change of the step's state that the graph does not make)"
+    return "FakeTensor (a value the capture saw)"
+
+
 def replay(fn, args, target_dir: str, modes: list[str], only: str | None = None,
            say=lambda line: print(line, file=sys.stderr, flush=True),
            inductor: bool = False) -> dict:
@@ -1157,15 +1177,7 @@ def replay(fn, args, target_dir: str, modes: list[str], only: str | None = None,
             node = (None if in_inductor or diff["kind"] == "state not kept"
                     else first_node(fn, gm, at_size, mode))
             found[key] = {"kind": diff["kind"], "expr": diff["expr"], "fatal": False,
-                          "layer": ("Inductor (its compiled code: the captured graph gives "
-                                    "eager's result here)" if in_inductor
-                                    else "ShapeEnv (the trace's runtime asserts)"
-                                    if diff["kind"] in ("refused", "accepted")
-                                    else diff["layer"] if "layer" in diff
-                                    else "make_fx (a change of the step's state that the "
-                                    "graph does not make)" if node is None and all(
-                                        w.startswith("argument") for w in diff["what"])
-                                    else "FakeTensor (a value the capture saw)"),
+                          "layer": _replay_layer(diff, node, in_inductor),
                           "remedy": diff.get("remedy"),
                           "torch": None, "torch_func": None, "torch_frames": [],
                           "user": node_user(node[0], target_dir) if node else None,
